@@ -1,0 +1,194 @@
+"""Versioned event contracts.
+
+Every event carries a schema version, an idempotency key (``event_id``), the tenant (``user_id``), the time the
+thing happened (``event_time``) and the time memstream received it (``ingest_time``). Events are validated where
+they enter (gateway, CLI, topic deserialisation); anything that fails goes to the dead-letter topic with a reason.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+SCHEMA_VERSION = 1
+
+Identifier = Annotated[
+    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]*$")
+]
+UserId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$")]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=200_000)]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: Identifier = Field(description="Idempotency key: replaying an event with the same id changes nothing.")
+    user_id: UserId = Field(description="Tenant: every read and write is scoped to it.")
+    event_time: AwareDatetime = Field(description="When it was said or written (the world's clock).")
+    ingest_time: AwareDatetime = Field(default_factory=utcnow, description="When memstream received it.")
+
+
+class ChatMessage(Event):
+    kind: Literal["chat_message"] = "chat_message"
+    conversation_id: Identifier = "default"
+    speaker: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    text: Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
+    platform: str | None = Field(default=None, max_length=64)
+
+
+class Document(Event):
+    kind: Literal["document"] = "document"
+    document_id: Identifier
+    title: str | None = Field(default=None, max_length=1_000)
+    text: Text
+
+
+class MemoryUpdate(Event):
+    """One committed change set: emitted only after the store write succeeded."""
+
+    kind: Literal["memory_update"] = "memory_update"
+    change_set_id: str
+    source_event_ids: list[str]
+    vertices_added: int = 0
+    edges_added: int = 0
+    theses_added: int = 0
+    theses_invalidated: int = 0
+    llm_calls: int = 0
+    committed_at: AwareDatetime = Field(default_factory=utcnow)
+
+
+class QueryOptions(BaseModel):
+    """Per-query switches, mostly the paper's ablations. ``None`` means: use the configured default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    retriever: str | None = None
+    plan_enhancement: bool | None = None
+    decomposition: bool | None = None
+    max_clue_queries: int | None = Field(default=None, ge=1, le=8)
+    max_steps: int | None = Field(default=None, ge=1, le=12)
+    episodic_context: bool | None = None
+
+
+class Query(Event):
+    kind: Literal["query"] = "query"
+    question: Annotated[str, StringConstraints(min_length=1, max_length=4_000)]
+    as_of: AwareDatetime | None = Field(default=None, description="Answer with what was valid at this time.")
+    options: QueryOptions = QueryOptions()
+
+    @property
+    def query_id(self) -> str:
+        return self.event_id
+
+
+class StageStatus(StrEnum):
+    OK = "ok"
+    EMPTY = "empty"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+
+class StageEvent(Event):
+    kind: Literal["stage_event"] = "stage_event"
+    query_id: str
+    trace_id: str
+    stage: int = Field(ge=1, le=13)
+    stage_name: str
+    sub_question_id: str | None = None
+    step_id: str | None = None
+    clue_query_id: str | None = None
+    started_at: AwareDatetime
+    duration_ms: float = Field(ge=0)
+    llm_calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    vertices: int = 0
+    triplets: int = 0
+    status: StageStatus = StageStatus.OK
+    detail: dict[str, object] = Field(default_factory=dict)
+
+
+class AnswerStatus(StrEnum):
+    ANSWERED = "answered"
+    NO_ANSWER = "no_answer"
+    ERROR = "error"
+
+
+class EvidenceTriplet(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    text: str
+    kind: str = "relation"
+
+
+class PlanStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    sub_question_id: str
+    text: str
+    answer: str | None = None
+    revision: int = 0
+
+
+class SubAnswer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    question: str
+    answer: str
+    status: AnswerStatus
+
+
+class Answer(Event):
+    kind: Literal["answer"] = "answer"
+    query_id: str
+    trace_id: str
+    question: str
+    answer: str
+    status: AnswerStatus
+    sub_answers: list[SubAnswer] = Field(default_factory=list)
+    evidence: list[EvidenceTriplet] = Field(default_factory=list)
+    plan: list[PlanStep] = Field(default_factory=list)
+    plan_history: list[list[PlanStep]] = Field(default_factory=list)
+    duration_ms: float = 0.0
+    llm_calls: int = 0
+    error: str | None = None
+
+
+class DeadLetter(BaseModel):
+    """An input that could not be processed, kept with the reason. ``user_id`` may be unknown for garbage input."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["dead_letter"] = "dead_letter"
+    event_id: str
+    user_id: str | None = None
+    source_topic: str
+    reason: str = Field(description="Machine-readable: invalid_event, extraction_failed, store_failed, ...")
+    error: str
+    payload: str = Field(description="The original bytes, decoded as UTF-8 with replacement.")
+    failed_event_ids: list[str] = Field(default_factory=list)
+    attempts: int = 1
+    ingest_time: AwareDatetime = Field(default_factory=utcnow)
+
+
+CONTRACTS: dict[str, type[BaseModel]] = {
+    "chat_message": ChatMessage,
+    "document": Document,
+    "memory_update": MemoryUpdate,
+    "query": Query,
+    "stage_event": StageEvent,
+    "answer": Answer,
+    "dead_letter": DeadLetter,
+}

@@ -1,0 +1,145 @@
+"""The PersonalAI memory-graph model: object, thesis and episodic vertices, and the edges between them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class VertexKind(StrEnum):
+    OBJECT = "object"  # an entity
+    THESIS = "thesis"  # a self-contained statement (the paper's "hyper" vertex)
+    EPISODIC = "episodic"  # the raw message or document chunk
+
+
+class EdgeKind(StrEnum):
+    RELATION = "relation"  # object -> object, named by ``relation``
+    THESIS = "thesis"  # object -> thesis
+    EPISODIC = "episodic"  # object or thesis -> episodic
+
+
+class EpisodeLabel(StrEnum):
+    FACT = "FACT"
+    OPINION = "OPINION"
+    PREDICTION = "PREDICTION"
+
+
+class TemporalLabel(StrEnum):
+    STATIC = "STATIC"
+    DYNAMIC = "DYNAMIC"
+    ATEMPORAL = "ATEMPORAL"
+
+
+class Vertex(BaseModel):
+    """A vertex. ``name`` is the entity name, the thesis text or the episode text.
+
+    Theses are bi-temporal: ``t_valid``/``t_invalid`` are on the world's clock (event time), ``t_created``/
+    ``t_expired`` on memstream's clock (ingest time). Invalidation never deletes.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    user_id: str
+    kind: VertexKind
+    name: str
+    props: dict[str, str] = Field(default_factory=dict)
+    t_created: datetime | None = None
+    t_valid: datetime | None = None
+    t_expired: datetime | None = None
+    t_invalid: datetime | None = None
+    invalidated_by: str | None = None
+    episode_label: EpisodeLabel | None = None
+    temporal_label: TemporalLabel | None = None
+
+    def valid_at(self, when: datetime | None) -> bool:
+        """True if this vertex held at ``when`` (``None``: now, i.e. not invalidated)."""
+        if self.kind is not VertexKind.THESIS:
+            return True
+        if when is None:
+            return self.t_invalid is None
+        if self.t_valid is not None and self.t_valid > when:
+            return False
+        return self.t_invalid is None or self.t_invalid > when
+
+    @property
+    def text(self) -> str:
+        if self.kind is VertexKind.THESIS and self.t_valid is not None:
+            return f"[{self.t_valid.date().isoformat()}] {self.name}"
+        return self.name
+
+
+class Edge(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    user_id: str
+    kind: EdgeKind
+    source: str
+    target: str
+    relation: str
+    props: dict[str, str] = Field(default_factory=dict)
+    t_valid: datetime | None = None
+
+
+class Triplet(BaseModel):
+    """An edge with both ends, as retrievers hand it to the QA pipeline."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: Vertex
+    edge: Edge
+    end: Vertex
+
+    @property
+    def id(self) -> str:
+        return self.edge.id
+
+    @property
+    def text(self) -> str:
+        if self.edge.kind is EdgeKind.RELATION:
+            return f"{self.start.name} {self.edge.relation} {self.end.name}"
+        # object->thesis and ->episodic triplets read as the statement itself, as in PersonalAI
+        return self.end.text
+
+
+class Invalidation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    thesis_id: str
+    invalidated_by: str
+    t_invalid: datetime
+    t_expired: datetime
+
+
+class ChangeSet(BaseModel):
+    """Everything one memorize step writes for one user. Applied atomically (embedded) or idempotently (remote)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    user_id: str
+    event_ids: list[str]
+    vertices: list[Vertex] = Field(default_factory=list)
+    edges: list[Edge] = Field(default_factory=list)
+    invalidations: list[Invalidation] = Field(default_factory=list)
+    llm_calls: int = 0
+
+
+class ApplyResult(BaseModel):
+    vertices_added: int = 0
+    edges_added: int = 0
+    theses_added: int = 0
+    theses_invalidated: int = 0
+    skipped_events: list[str] = Field(default_factory=list)
+
+
+class Stats(BaseModel):
+    user_id: str
+    vertices: dict[str, int]
+    edges: dict[str, int]
+    theses_valid: int
+    theses_invalidated: int
+    events: int

@@ -1,0 +1,130 @@
+"""One LLM task = its prompt, its JSON schema and its parser, in one place.
+
+``run_task`` asks with schema-constrained output, validates, and on invalid output retries a bounded number of
+times, telling the model what was wrong. It never returns half-parsed data: either a validated value or
+``TaskFailed`` with the reason, which callers turn into a dead letter or a stage error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from services.ports import LLM, LLMMessage, LLMRequest
+
+T = TypeVar("T")
+OutT = TypeVar("OutT", bound=BaseModel)
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_FENCE = re.compile(r"^\s*```(?:json)?\s*|\s*```\s*$", re.IGNORECASE)
+
+
+class TaskOutputError(ValueError):
+    """The model's output does not satisfy the task's contract."""
+
+
+class TaskFailed(RuntimeError):
+    def __init__(self, task: str, reason: str, attempts: int, last_output: str | None = None) -> None:
+        super().__init__(f"{task}: {reason} (after {attempts} attempt(s))")
+        self.task = task
+        self.reason = reason
+        self.attempts = attempts
+        self.last_output = last_output
+
+
+def load_json_object(text: str) -> Any:
+    """Parse model output as JSON, tolerating think-tags and code fences that some local models add."""
+    cleaned = _FENCE.sub("", _THINK.sub("", text)).strip()
+    try:
+        return json.loads(cleaned)
+    except json.JSONDecodeError as exc:
+        start, end = cleaned.find("{"), cleaned.rfind("}")
+        if 0 <= start < end:
+            try:
+                return json.loads(cleaned[start : end + 1])
+            except json.JSONDecodeError:
+                pass
+        raise TaskOutputError(f"not valid JSON: {exc.msg} at char {exc.pos}") from exc
+
+
+@dataclass
+class TaskResult(Generic[T]):
+    value: T
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cached_calls: int = 0
+    raw: list[str] = field(default_factory=list)
+
+
+class LLMTask(ABC, Generic[OutT, T]):
+    """Subclass per task: set ``name`` and ``output_model``, write ``messages`` and optionally ``postprocess``."""
+
+    name: str
+    output_model: type[OutT]
+    max_tokens: int = 1024
+
+    @abstractmethod
+    def messages(self, inputs: Any) -> list[LLMMessage]: ...
+
+    def postprocess(self, output: OutT, inputs: Any) -> T:
+        """Semantic checks and conversion; raise ``TaskOutputError`` to make the call retry."""
+        return output  # type: ignore[return-value]
+
+    def json_schema(self) -> dict[str, Any]:
+        return self.output_model.model_json_schema()
+
+    def parse(self, text: str, inputs: Any) -> T:
+        data = load_json_object(text)
+        try:
+            output = self.output_model.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "<root>"
+            raise TaskOutputError(f"schema violation at {where}: {first['msg']}") from exc
+        return self.postprocess(output, inputs)
+
+
+async def run_task(llm: LLM, task: LLMTask[Any, T], inputs: Any, attempts: int = 3) -> TaskResult[T]:
+    messages = task.messages(inputs)
+    result: TaskResult[Any] = TaskResult(value=None)
+    last_error = "no attempt made"
+    last_text: str | None = None
+    for attempt in range(1, max(1, attempts) + 1):
+        request = LLMRequest(
+            task=task.name,
+            messages=messages,
+            json_schema=task.json_schema(),
+            max_tokens=task.max_tokens,
+            metadata={"attempt": str(attempt)},
+        )
+        response = await llm.complete(request)
+        result.calls += 0 if response.cached else 1
+        result.cached_calls += 1 if response.cached else 0
+        result.tokens_in += response.tokens_in
+        result.tokens_out += response.tokens_out
+        result.raw.append(response.text)
+        last_text = response.text
+        try:
+            result.value = task.parse(response.text, inputs)
+            return result
+        except TaskOutputError as exc:
+            last_error = str(exc)
+            if response.finish_reason == "length":
+                last_error += " (output cut off by the token limit)"
+            # Show the model its mistake: this also changes the prompt, so a cache never replays the bad answer.
+            messages = [
+                *task.messages(inputs),
+                LLMMessage(role="assistant", content=response.text[:2000]),
+                LLMMessage(
+                    role="user",
+                    content=f"That output was rejected: {last_error}. Reply again with only valid JSON "
+                    "matching the schema, shorter if needed.",
+                ),
+            ]
+    raise TaskFailed(task.name, last_error, attempts, last_text)

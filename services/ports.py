@@ -1,0 +1,177 @@
+"""Ports: one small interface per concern. Services depend on these; adapters implement them.
+
+Every method takes the ``user_id`` explicitly and an adapter must scope every read and write to it: there is no
+way to ask a store for more than one user's memory.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.domain import ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex, VertexKind
+
+Vector = Sequence[float]
+
+
+class VectorHit(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    score: float = Field(description="Higher is better. Dense: cosine similarity; lexical: BM25; hybrid: fused.")
+
+
+class VectorItem(BaseModel):
+    """An indexed text: a vertex (by vertex id) or a relation triplet (by edge id, kind 'triplet')."""
+
+    id: str
+    kind: str  # a VertexKind value or "triplet"
+    text: str
+    vector: list[float]
+
+
+class GraphStore(ABC):
+    """Vertices and edges of the memory graph."""
+
+    @abstractmethod
+    async def get_vertices(self, user_id: str, ids: Sequence[str]) -> dict[str, Vertex]: ...
+
+    @abstractmethod
+    async def find_objects(self, user_id: str, normalized_names: Sequence[str]) -> dict[str, Vertex]:
+        """Exact lookup of object vertices by ``ids.normalize_name`` key (dedup without any embedding threshold)."""
+
+    @abstractmethod
+    async def neighbors(
+        self,
+        user_id: str,
+        vertex_ids: Sequence[str],
+        edge_kinds: Sequence[EdgeKind] | None = None,
+        limit_per_vertex: int | None = None,
+    ) -> list[Triplet]:
+        """One hop, both directions, for a whole frontier in one round trip. Triplets keep the edge direction."""
+
+    @abstractmethod
+    async def valid_theses(
+        self, user_id: str, about: Sequence[str] | None = None, limit: int = 50
+    ) -> list[Vertex]:
+        """Theses not yet invalidated; ``about`` restricts to theses linked to these object ids."""
+
+    @abstractmethod
+    async def seen_events(self, user_id: str, event_ids: Sequence[str]) -> set[str]:
+        """The subset of ``event_ids`` already applied (idempotent replay)."""
+
+    @abstractmethod
+    async def stats(self, user_id: str) -> Stats: ...
+
+
+class VectorStore(ABC):
+    """Dense and lexical indexes over vertex and triplet texts."""
+
+    @abstractmethod
+    async def search(
+        self,
+        user_id: str,
+        kinds: Sequence[str],
+        query_vector: Vector | None,
+        query_text: str | None = None,
+        k: int = 10,
+        restrict_to: Sequence[str] | None = None,
+    ) -> list[VectorHit]:
+        """Dense search if only a vector is given, lexical (BM25) if only text, reciprocal-rank fusion if both."""
+
+    @abstractmethod
+    async def get_vectors(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]: ...
+
+
+class MemoryStore(GraphStore, VectorStore, ABC):
+    """Graph plus vectors, with the one write path memorize uses."""
+
+    @abstractmethod
+    async def apply(self, change_set: ChangeSet, vectors: Sequence[VectorItem]) -> ApplyResult:
+        """Write a change set and its vectors. Embedded: one transaction. Remote: idempotent upserts, marking the
+        events as seen last, so a crash in between is repaired by the replay that follows."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        return None
+
+
+class KeyValueCache(ABC):
+    """Persistent cache (LLM calls)."""
+
+    @abstractmethod
+    async def get(self, key: str) -> str | None: ...
+
+    @abstractmethod
+    async def put(self, key: str, value: str) -> None: ...
+
+
+class Embedder(ABC):
+    dim: int
+    name: str
+
+    @abstractmethod
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """L2-normalised vectors, one per text."""
+
+
+class LLMMessage(BaseModel):
+    role: str
+    content: str
+
+
+class LLMRequest(BaseModel):
+    task: str = Field(description="Which LLM task asks (extract, plan, ner, ...): for metrics, cache and logs.")
+    messages: list[LLMMessage]
+    json_schema: dict[str, Any] | None = Field(default=None, description="Constrain output to this JSON schema.")
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    metadata: Mapping[str, str] = Field(default_factory=dict)
+
+
+class LLMResponse(BaseModel):
+    text: str
+    model: str
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cached: bool = False
+    finish_reason: str | None = None
+
+
+class LLM(ABC):
+    model: str
+
+    @abstractmethod
+    async def complete(self, request: LLMRequest) -> LLMResponse: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        return None
+
+
+def as_of_filter(when: datetime | None) -> Any:
+    """Predicate for retrievers: keep vertices valid at ``when``."""
+
+    def keep(v: Vertex) -> bool:
+        return v.valid_at(when)
+
+    return keep
+
+
+__all__ = [
+    "Embedder",
+    "GraphStore",
+    "KeyValueCache",
+    "LLM",
+    "LLMMessage",
+    "LLMRequest",
+    "LLMResponse",
+    "MemoryStore",
+    "VectorHit",
+    "VectorItem",
+    "VectorStore",
+    "VertexKind",
+    "as_of_filter",
+]

@@ -1,0 +1,67 @@
+"""All configuration, from the environment (prefix ``MEMSTREAM_``) or a ``.env`` file."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMSTREAM_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Field(default=Path("./memstream-data"), description="Embedded store, broker logs, cache.")
+
+    # Kafka
+    broker: str | None = Field(default=None, description="bootstrap servers; unset: `up` starts the embedded Tansu")
+    topic_prefix: str = "memstream"
+    partitions: int = Field(default=4, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    consumer_group: str = "memstream"
+    broker_session_timeout_s: float = 8.0
+
+    # Memorize micro-batching: one extraction call covers several messages of one user
+    batch_max_messages: int = Field(default=8, ge=1)
+    batch_token_budget: int = Field(default=1200, ge=64, description="approximate input tokens per extraction")
+    batch_wait_s: float = Field(default=0.5, ge=0.0, description="how long to wait for a batch to fill")
+    extraction_attempts: int = Field(default=3, ge=1)
+    document_chunk_chars: int = Field(default=1500, ge=200)
+    invalidation_candidates: int = Field(default=8, ge=0, description="known theses shown to the extractor")
+
+    # Models
+    llm: Literal["local", "ollama", "scripted"] = "local"
+    llm_model: str = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+    llm_model_path: Path | None = Field(default=None, description="GGUF file for the local LLM")
+    llm_context: int = 8192
+    llm_threads: int | None = None
+    llm_timeout_s: float = 180.0
+    llm_max_concurrency: int = Field(default=2, ge=1)
+    llm_retries: int = Field(default=2, ge=0)
+    ollama_host: str = "http://127.0.0.1:11434"
+    embedder: Literal["minilm", "ollama"] = "minilm"
+    embed_model: str = "all-minilm"
+
+    # Gateway
+    host: str = "127.0.0.1"
+    port: int = 8420
+    worker_web_port: int = 6066
+
+    # QA
+    qa_top_k: int = 12
+    log_level: str = "INFO"
+    log_json: bool | None = Field(default=None, description="None: JSON unless stderr is a terminal")
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}.{name}"
+
+    @property
+    def store_path(self) -> Path:
+        return self.data_dir / "memory.sqlite3"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
