@@ -1,0 +1,41 @@
+"""Prometheus metrics, defined once. Modules import the metric they update; nobody re-declares one."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+# LLM usage, by model and task (the LLM layer updates these for every call)
+LLM_CALLS = Counter("memstream_llm_calls_total", "LLM calls", ["model", "task", "outcome"])
+LLM_TOKENS = Counter("memstream_llm_tokens_total", "LLM tokens", ["model", "task", "direction"])
+LLM_LATENCY = Histogram("memstream_llm_latency_seconds", "LLM call latency", ["model", "task"], buckets=_LATENCY)
+LLM_CACHE = Counter("memstream_llm_cache_total", "LLM cache lookups", ["task", "result"])
+
+# Memorize
+MEMORIZE_EVENTS = Counter("memstream_memorize_events_total", "Events memorized", ["kind", "outcome"])
+MEMORIZE_BATCH_SIZE = Histogram(
+    "memstream_memorize_batch_messages", "Messages per extraction call", buckets=(1, 2, 4, 8, 16, 32, 64)
+)
+MEMORIZE_CHANGES = Counter("memstream_memorize_changes_total", "Vertices/edges written", ["what"])
+EXTRACTION_FAILURES = Counter("memstream_extraction_failures_total", "Extraction calls that failed", ["reason"])
+STORE_WRITE_LATENCY = Histogram(
+    "memstream_store_write_seconds", "Store write latency per change set", ["store"], buckets=_LATENCY
+)
+INGEST_TO_QUERYABLE = Histogram(
+    "memstream_ingest_to_queryable_seconds", "Event time to memory committed", buckets=_LATENCY
+)
+
+# QA
+QA_STAGE_LATENCY = Histogram(
+    "memstream_qa_stage_seconds", "QA stage latency", ["stage", "stage_name"], buckets=_LATENCY
+)
+QA_LATENCY = Histogram("memstream_qa_seconds", "Question to answer latency", buckets=_LATENCY)
+QA_ANSWERS = Counter("memstream_qa_answers_total", "Answers by outcome", ["status"])
+RETRIEVAL_SIZE = Histogram(
+    "memstream_retrieval_triplets", "Triplets retrieved per call", ["retriever"], buckets=(0, 1, 5, 10, 20, 50, 100)
+)
+
+# Errors
+DEAD_LETTERS = Counter("memstream_dead_letters_total", "Events sent to the dead-letter topic", ["topic", "reason"])
+CONSUMER_LAG = Gauge("memstream_consumer_lag", "Consumer lag", ["topic", "partition"])
