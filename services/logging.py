@@ -32,4 +32,5 @@ def configure_logging(level: str = "INFO", json: bool | None = None) -> None:
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger(name)  # type: ignore[no-any-return]
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name)
+    return logger

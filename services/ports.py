@@ -95,7 +95,7 @@ class MemoryStore(GraphStore, VectorStore, ABC):
         """Write a change set and its vectors. Embedded: one transaction. Remote: idempotent upserts, marking the
         events as seen last, so a crash in between is repaired by the replay that follows."""
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    async def close(self) -> None:
         return None
 
 
@@ -147,7 +147,7 @@ class LLM(ABC):
     @abstractmethod
     async def complete(self, request: LLMRequest) -> LLMResponse: ...
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    async def close(self) -> None:
         return None
 
 
@@ -161,10 +161,10 @@ def as_of_filter(when: datetime | None) -> Any:
 
 
 __all__ = [
+    "LLM",
     "Embedder",
     "GraphStore",
     "KeyValueCache",
-    "LLM",
     "LLMMessage",
     "LLMRequest",
     "LLMResponse",

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     llm_timeout_s: float = 180.0
     llm_max_concurrency: int = Field(default=2, ge=1)
     llm_retries: int = Field(default=2, ge=0)
+    scripted_llm: str | None = Field(
+        default=None, description="'module:function' returning a ScriptedLLM, when llm == 'scripted' (tests, demos)"
+    )
     ollama_host: str = "http://127.0.0.1:11434"
     embedder: Literal["minilm", "ollama"] = "minilm"
     embed_model: str = "all-minilm"

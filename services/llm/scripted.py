@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
@@ -58,3 +59,67 @@ class ScriptedLLM(LLM):
             self.in_flight -= 1
         prompt = sum(len(m.content) for m in request.messages)
         return LLMResponse(text=text, model=self.model, tokens_in=prompt // 4, tokens_out=len(text) // 4)
+
+
+_WORD = re.compile(r"[A-Za-z0-9']+")
+_CAPITAL = re.compile(r"\b[A-Z][a-zA-Z0-9'-]+(?:\s+[A-Z][a-zA-Z0-9'-]+)*")
+_STOP = {"I", "I'm", "The", "A", "An", "It", "We", "You", "He", "She", "They", "My", "Our", "This", "That", "Wow"}
+_ITEM = re.compile(r"^(\d+)\. \[([0-9-]+)\] (?:([^:]{1,80}): )?(.*)$")
+
+
+def _last_user(request: LLMRequest) -> str:
+    return next(m.content for m in reversed(request.messages) if m.role == "user")
+
+
+def rule_extract(request: LLMRequest) -> dict[str, Any]:
+    """A content-derived stand-in for the ``extract`` task: one thesis per message, capitalised words as entities.
+
+    Deterministic and instant: for pipeline tests and throughput benchmarks, never for quality claims.
+    """
+    block = _last_user(request).split("MESSAGES:\n", 1)[-1]
+    messages = []
+    for line in block.splitlines():
+        match = _ITEM.match(line)
+        if not match:
+            continue
+        number, _, speaker, text = match.groups()
+        entities = [e for e in _CAPITAL.findall(text) if e not in _STOP][:6]
+        subject = speaker or (entities[0] if entities else "document")
+        thesis = f"{speaker}: {text}" if speaker else text
+        messages.append(
+            {
+                "message": int(number),
+                "theses": [
+                    {
+                        "text": thesis[:400],
+                        "entities": [subject, *entities],
+                        "kind": "FACT",
+                        "temporal": "DYNAMIC",
+                        "replaces": [],
+                    }
+                ],
+                "triples": [
+                    {"subject": subject, "relation": "mentioned", "object": e} for e in entities[:3] if e != subject
+                ],
+            }
+        )
+    return {"messages": messages}
+
+
+def rule_answer(request: LLMRequest) -> dict[str, Any]:
+    """Stand-in for the ``answer`` task: the memory line sharing most words with the question."""
+    content = _last_user(request)
+    memory, _, question = content.partition("QUESTION:")
+    words = {w.lower() for w in _WORD.findall(question) if len(w) > 3}
+    best, score = "", 0
+    for line in memory.splitlines():
+        if not line.startswith("- "):
+            continue
+        overlap = len(words & {w.lower() for w in _WORD.findall(line)})
+        if overlap > score:
+            best, score = line[2:], overlap
+    return {"answer": best or "No answer", "found": score > 0}
+
+
+def rule_based_llm(delay_s: float = 0.0) -> ScriptedLLM:
+    return ScriptedLLM({"extract": rule_extract, "answer": rule_answer}, model="scripted-rules", delay_s=delay_s)

@@ -1,0 +1,53 @@
+"""Composition root: builds the store, models and services from settings. The only place that picks adapters."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from services.memorize.service import MemorizeService
+from services.ports import LLM, Embedder, MemoryStore
+from services.qa.service import QAService
+from services.qa.simple import SimpleQA
+from services.settings import Settings
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: MemoryStore
+    llm: LLM
+    embedder: Embedder
+    memorize: MemorizeService
+    qa: QAService
+
+    async def close(self) -> None:
+        await self.llm.close()
+        await self.store.close()
+
+
+def load_scripted_llm(spec: str) -> LLM:
+    """``module:function`` -> the LLM that function returns (tests and demos run workers with a scripted LLM)."""
+    module_name, _, attr = spec.partition(":")
+    factory = getattr(importlib.import_module(module_name), attr or "make_llm")
+    llm: LLM = factory()
+    return llm
+
+
+async def build_services(settings: Settings, llm: LLM | None = None) -> Services:
+    from services.adapters.sqlite import SqliteMemoryStore
+    from services.llm.factory import build_embedder, build_llm
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    embedder = build_embedder(settings)
+    store = SqliteMemoryStore(settings.store_path, dim=embedder.dim)
+    if llm is None:
+        if settings.llm == "scripted":
+            if not settings.scripted_llm:
+                raise ValueError("MEMSTREAM_LLM=scripted needs MEMSTREAM_SCRIPTED_LLM='module:function'")
+            llm = build_llm(settings, cache=store, inner=load_scripted_llm(settings.scripted_llm))
+        else:
+            llm = build_llm(settings, cache=store)
+    memorize = MemorizeService(store, llm, embedder, settings)
+    qa = QAService(SimpleQA(store, embedder, llm, top_k=settings.qa_top_k))
+    return Services(settings, store, llm, embedder, memorize, qa)

@@ -1,0 +1,34 @@
+"""The QA service the query agent calls: one answer per query, every stage reported through ``emit``."""
+
+from __future__ import annotations
+
+import time
+
+from schemas.events import Answer, AnswerStatus, Query
+from services import metrics
+from services.logging import get_logger
+from services.qa.simple import Emit, SimpleQA
+
+log = get_logger(__name__)
+
+
+class QAService:
+    def __init__(self, engine: SimpleQA) -> None:
+        self.engine = engine
+
+    async def answer(self, query: Query, emit: Emit | None = None) -> Answer:
+        started = time.perf_counter()
+        answer = await self.engine.answer(query, emit)
+        metrics.QA_LATENCY.observe(time.perf_counter() - started)
+        metrics.QA_ANSWERS.labels(status=answer.status.value).inc()
+        log.info(
+            "answered",
+            query_id=query.query_id,
+            user_id=query.user_id,
+            status=answer.status.value,
+            llm_calls=answer.llm_calls,
+            ms=round(answer.duration_ms, 1),
+        )
+        if answer.status is AnswerStatus.ERROR:
+            log.warning("answer_error", query_id=query.query_id, error=answer.error)
+        return answer

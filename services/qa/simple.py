@@ -1,0 +1,144 @@
+"""Minimal QA path: retrieve the user's theses by similarity, answer with the LLM from them only.
+
+Scripted-LLM contract (task name ``answer``): reply ``{"answer": "...", "found": true|false}``; the prompt's last
+user message lists the memory as lines ``"- [date] thesis"`` after ``MEMORY:`` and the question after
+``QUESTION:``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, StringConstraints
+
+from schemas.events import Answer, AnswerStatus, EvidenceTriplet, Query, StageEvent, StageStatus
+from services import metrics
+from services.domain import Vertex, VertexKind
+from services.llm.task import LLMTask, TaskFailed, run_task
+from services.ports import LLM, Embedder, LLMMessage, MemoryStore
+
+Emit = Callable[[StageEvent], Awaitable[None]]
+
+
+class AnswerOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    answer: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
+    found: bool = True
+
+
+@dataclass(frozen=True)
+class AnswerInput:
+    question: str
+    memory: list[Vertex]
+
+
+SYSTEM = """You answer questions about a user's conversations using ONLY the MEMORY lines (dated statements).
+Prefer the most recent statement when they disagree. If MEMORY does not contain the answer, reply found=false and
+answer "No answer". Be brief: a phrase or one sentence. Output JSON only."""
+
+
+class AnswerTask(LLMTask[AnswerOut, AnswerOut]):
+    name = "answer"
+    output_model = AnswerOut
+    max_tokens = 200
+
+    def messages(self, inputs: AnswerInput) -> list[LLMMessage]:
+        memory = "\n".join(f"- {v.text}" for v in inputs.memory) or "(empty)"
+        return [
+            LLMMessage(role="system", content=SYSTEM),
+            LLMMessage(role="user", content=f"MEMORY:\n{memory}\nQUESTION: {inputs.question}"),
+        ]
+
+
+class SimpleQA:
+    def __init__(self, store: MemoryStore, embedder: Embedder, llm: LLM, top_k: int = 12) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.llm = llm
+        self.top_k = top_k
+        self.task = AnswerTask()
+
+    async def answer(self, query: Query, emit: Emit | None = None) -> Answer:
+        started = time.perf_counter()
+        trace_id = f"tr_{query.query_id}"
+
+        async def stage(number: int, name: str, t0: float, status: StageStatus, **fields: int) -> None:
+            duration = time.perf_counter() - t0
+            metrics.QA_STAGE_LATENCY.labels(stage=str(number), stage_name=name).observe(duration)
+            if emit is not None:
+                await emit(
+                    StageEvent(
+                        event_id=f"{query.query_id}:{number}",
+                        user_id=query.user_id,
+                        event_time=query.event_time,
+                        query_id=query.query_id,
+                        trace_id=trace_id,
+                        stage=number,
+                        stage_name=name,
+                        started_at=datetime.now(UTC),
+                        duration_ms=duration * 1000,
+                        status=status,
+                        **fields,
+                    )
+                )
+
+        t0 = time.perf_counter()
+        vector = (await self.embedder.embed([query.question]))[0]
+        hits = await self.store.search(
+            query.user_id, [VertexKind.THESIS.value], vector, query.question, k=self.top_k * 3
+        )
+        found = await self.store.get_vertices(query.user_id, [h.id for h in hits])
+        memory = [found[h.id] for h in hits if h.id in found and found[h.id].valid_at(query.as_of)][: self.top_k]
+        await stage(6, "traversal", t0, StageStatus.OK if memory else StageStatus.EMPTY, vertices=len(memory))
+
+        t0 = time.perf_counter()
+        evidence = [EvidenceTriplet(id=v.id, text=v.text, kind=v.kind.value) for v in memory]
+        try:
+            result = await run_task(self.llm, self.task, AnswerInput(query.question, memory))
+        except TaskFailed as exc:
+            await stage(13, "combine", t0, StageStatus.ERROR)
+            return self._answer(query, trace_id, "", AnswerStatus.ERROR, evidence, started, 0, str(exc))
+        status = AnswerStatus.ANSWERED if result.value.found and memory else AnswerStatus.NO_ANSWER
+        text = result.value.answer if status is AnswerStatus.ANSWERED else "No answer"
+        await stage(
+            13,
+            "combine",
+            t0,
+            StageStatus.OK,
+            llm_calls=result.calls,
+            tokens_in=result.tokens_in,
+            tokens_out=result.tokens_out,
+            vertices=len(memory),
+        )
+        return self._answer(query, trace_id, text, status, evidence, started, result.calls, None)
+
+    @staticmethod
+    def _answer(
+        query: Query,
+        trace_id: str,
+        text: str,
+        status: AnswerStatus,
+        evidence: list[EvidenceTriplet],
+        started: float,
+        llm_calls: int,
+        error: str | None,
+    ) -> Answer:
+        return Answer(
+            event_id=f"ans_{query.query_id}",
+            user_id=query.user_id,
+            event_time=query.event_time,
+            query_id=query.query_id,
+            trace_id=trace_id,
+            question=query.question,
+            answer=text,
+            status=status,
+            evidence=evidence,
+            duration_ms=(time.perf_counter() - started) * 1000,
+            llm_calls=llm_calls,
+            error=error,
+        )
