@@ -67,8 +67,9 @@ _STOP = {"I", "I'm", "The", "A", "An", "It", "We", "You", "He", "She", "They", "
 _ITEM = re.compile(r"^(\d+)\. \[([0-9-]+)\] (?:([^:]{1,80}): )?(.*)$")
 
 
-def _last_user(request: LLMRequest) -> str:
-    return next(m.content for m in reversed(request.messages) if m.role == "user")
+def _last_user(request: LLMRequest, marker: str = "") -> str:
+    """The last user message containing ``marker`` (a retry appends feedback after the real input)."""
+    return next(m.content for m in reversed(request.messages) if m.role == "user" and marker in m.content)
 
 
 def rule_extract(request: LLMRequest) -> dict[str, Any]:
@@ -76,7 +77,7 @@ def rule_extract(request: LLMRequest) -> dict[str, Any]:
 
     Deterministic and instant: for pipeline tests and throughput benchmarks, never for quality claims.
     """
-    block = _last_user(request).split("MESSAGES:\n", 1)[-1]
+    block = _last_user(request, "MESSAGES:").split("MESSAGES:\n", 1)[-1]
     messages = []
     for line in block.splitlines():
         match = _ITEM.match(line)
@@ -108,7 +109,7 @@ def rule_extract(request: LLMRequest) -> dict[str, Any]:
 
 def rule_answer(request: LLMRequest) -> dict[str, Any]:
     """Stand-in for the ``answer`` task: the memory line sharing most words with the question."""
-    content = _last_user(request)
+    content = _last_user(request, "QUESTION:")
     memory, _, question = content.partition("QUESTION:")
     words = {w.lower() for w in _WORD.findall(question) if len(w) > 3}
     best, score = "", 0

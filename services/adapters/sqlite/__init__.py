@@ -1,0 +1,5 @@
+"""Embedded memory store: graph, vectors, lexical index, applied events and KV cache in one SQLite file."""
+
+from .store import SqliteMemoryStore
+
+__all__ = ["SqliteMemoryStore"]

@@ -1,0 +1,187 @@
+"""Graph reads. Plain functions over one connection; every statement is scoped by ``user_id``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import apsw
+
+from services.domain import EdgeKind, Stats, Triplet, Vertex, VertexKind
+
+from .codec import EDGE_COLUMNS, N_EDGE_COLUMNS, N_VERTEX_COLUMNS, VERTEX_COLUMNS, json_list, row_edge, row_vertex
+
+T = TypeVar("T")
+
+_IN_LIST = "(SELECT value FROM json_each(?))"
+# theses newest first (world clock, then ingest clock); id makes ties deterministic
+_THESIS_ORDER = "ORDER BY t_valid DESC NULLS LAST, t_created DESC NULLS LAST, id"
+
+
+def _prefixed(columns: str, alias: str) -> str:
+    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
+
+
+def get_vertices(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> dict[str, Vertex]:
+    rows = conn.execute(
+        f"SELECT {VERTEX_COLUMNS} FROM vertices WHERE user_id = ? AND id IN {_IN_LIST}", (user_id, json_list(ids))
+    )
+    return {row[0]: row_vertex(row) for row in rows}
+
+
+def find_objects(conn: apsw.Connection, user_id: str, normalized_names: Sequence[str]) -> dict[str, Vertex]:
+    rows = conn.execute(
+        f"SELECT {VERTEX_COLUMNS} FROM vertices WHERE user_id = ? AND kind = 'object' AND norm_name IN {_IN_LIST} "
+        "ORDER BY id",
+        (user_id, json_list(normalized_names)),
+    )
+    found: dict[str, Vertex] = {}
+    for row in rows:
+        found.setdefault(row[4], row_vertex(row))
+    return found
+
+
+def neighbors(
+    conn: apsw.Connection,
+    user_id: str,
+    vertex_ids: Sequence[str],
+    edge_kinds: Sequence[EdgeKind] | None,
+    limit_per_vertex: int | None,
+) -> list[Triplet]:
+    frontier = list(dict.fromkeys(vertex_ids))
+    if not frontier or (edge_kinds is not None and not edge_kinds):
+        return []
+    kinds = [EdgeKind(kind).value for kind in edge_kinds] if edge_kinds is not None else [k.value for k in EdgeKind]
+    # one statement for the whole frontier: outgoing and incoming edges (a self-loop only once), ranked per
+    # frontier vertex so ``limit_per_vertex`` applies to each, then both ends joined in
+    sql = f"""
+        WITH frontier (vid, pos) AS (SELECT value, key FROM json_each(?)),
+        hits AS (
+            SELECT f.pos, e.* FROM frontier f JOIN edges e ON e.user_id = ? AND e.source = f.vid
+            WHERE e.kind IN {_IN_LIST}
+            UNION ALL
+            SELECT f.pos, e.* FROM frontier f JOIN edges e ON e.user_id = ? AND e.target = f.vid
+            WHERE e.kind IN {_IN_LIST} AND e.source != e.target
+        ),
+        ranked AS (
+            SELECT *, row_number() OVER (PARTITION BY pos ORDER BY t_valid DESC NULLS LAST, id) AS rn FROM hits
+        )
+        SELECT {_prefixed(EDGE_COLUMNS, "r")}, {_prefixed(VERTEX_COLUMNS, "s")}, {_prefixed(VERTEX_COLUMNS, "t")}
+        FROM ranked r
+        JOIN vertices s ON s.user_id = r.user_id AND s.id = r.source
+        JOIN vertices t ON t.user_id = r.user_id AND t.id = r.target
+        WHERE r.rn <= ?
+        ORDER BY r.pos, r.rn
+    """
+    limit = 2**62 if limit_per_vertex is None else limit_per_vertex  # rn <= huge: no limit
+    params: tuple[Any, ...] = (json_list(frontier), user_id, json_list(kinds), user_id, json_list(kinds), limit)
+    triplets: dict[str, Triplet] = {}
+    for row in conn.execute(sql, params):
+        if row[0] in triplets:
+            continue  # an edge between two frontier vertices comes back once per end
+        start = N_EDGE_COLUMNS
+        end = N_EDGE_COLUMNS + N_VERTEX_COLUMNS
+        triplets[row[0]] = Triplet(
+            start=row_vertex(row[start:end]), edge=row_edge(row[:start]), end=row_vertex(row[end:])
+        )
+    return list(triplets.values())
+
+
+def valid_theses(conn: apsw.Connection, user_id: str, about: Sequence[str] | None, limit: int) -> list[Vertex]:
+    if about is None:
+        rows = conn.execute(
+            f"SELECT {VERTEX_COLUMNS} FROM vertices WHERE user_id = ? AND kind = 'thesis' AND t_invalid IS NULL "
+            f"{_THESIS_ORDER} LIMIT ?",
+            (user_id, limit),
+        )
+        return [row_vertex(row) for row in rows]
+    if not about:
+        return []
+    objects = json_list(about)
+    rows = conn.execute(
+        f"""SELECT {VERTEX_COLUMNS} FROM vertices
+            WHERE user_id = ? AND kind = 'thesis' AND t_invalid IS NULL AND id IN (
+                SELECT target FROM edges WHERE user_id = ? AND source IN {_IN_LIST}
+                UNION SELECT source FROM edges WHERE user_id = ? AND target IN {_IN_LIST})
+            {_THESIS_ORDER} LIMIT ?""",
+        (user_id, user_id, objects, user_id, objects, limit),
+    )
+    return [row_vertex(row) for row in rows]
+
+
+def seen_events(conn: apsw.Connection, user_id: str, event_ids: Sequence[str]) -> set[str]:
+    rows = conn.execute(
+        f"SELECT event_id FROM applied_events WHERE user_id = ? AND event_id IN {_IN_LIST}",
+        (user_id, json_list(event_ids)),
+    )
+    return {row[0] for row in rows}
+
+
+def stats(conn: apsw.Connection, user_id: str) -> Stats:
+    vertices = dict.fromkeys((k.value for k in VertexKind), 0)
+    vertices.update(conn.execute("SELECT kind, count(*) FROM vertices WHERE user_id = ? GROUP BY kind", (user_id,)))
+    edges = dict.fromkeys((k.value for k in EdgeKind), 0)
+    edges.update(conn.execute("SELECT kind, count(*) FROM edges WHERE user_id = ? GROUP BY kind", (user_id,)))
+    valid, invalidated = conn.execute(
+        "SELECT count(*) FILTER (WHERE t_invalid IS NULL), count(*) FILTER (WHERE t_invalid IS NOT NULL) "
+        "FROM vertices WHERE user_id = ? AND kind = 'thesis'",
+        (user_id,),
+    ).fetchone() or (0, 0)
+    (events,) = conn.execute("SELECT count(*) FROM applied_events WHERE user_id = ?", (user_id,)).fetchone() or (0,)
+    return Stats(
+        user_id=user_id,
+        vertices=vertices,
+        edges=edges,
+        theses_valid=valid,
+        theses_invalidated=invalidated,
+        events=events,
+    )
+
+
+def get_value(conn: apsw.Connection, key: str) -> str | None:
+    row = conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+# every table, ordered by a unique key, so two dumps compare equal iff the stored content is equal
+_DUMPS: dict[str, tuple[str, str | None]] = {
+    "vertices": (f"SELECT {VERTEX_COLUMNS} FROM vertices {{where}} ORDER BY user_id, id", "user_id"),
+    "edges": (f"SELECT {EDGE_COLUMNS} FROM edges {{where}} ORDER BY user_id, id", "user_id"),
+    "applied_events": ("SELECT * FROM applied_events {where} ORDER BY user_id, event_id", "user_id"),
+    "items": ("SELECT item_no, user_id, user_key, id, kind, text FROM items {where} ORDER BY user_id, id", "user_id"),
+    "vectors": (
+        "SELECT i.user_id, i.id, v.kind, v.embedding FROM items i JOIN vectors v ON v.rowid = i.item_no "
+        "{where} ORDER BY i.user_id, i.id",
+        "i.user_id",
+    ),
+    "fts_terms": (
+        "SELECT t.term, t.doc, t.col, t.offset FROM fts_terms t JOIN items i ON i.item_no = t.doc "
+        "{where} ORDER BY t.term, t.doc, t.col, t.offset",
+        "i.user_id",
+    ),
+    "kv": ("SELECT key, value FROM kv ORDER BY key", None),
+}
+
+
+def dump(conn: apsw.Connection, user_id: str | None) -> dict[str, list[tuple[Any, ...]]]:
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for table, (sql, user_column) in _DUMPS.items():
+        if user_id is None:
+            out[table] = [tuple(row) for row in conn.execute(sql.format(where=""))]
+        elif user_column is not None:
+            rows = conn.execute(sql.format(where=f"WHERE {user_column} = ?"), (user_id,))
+            out[table] = [tuple(row) for row in rows]
+    return out
+
+
+def in_snapshot(fn: Callable[..., T]) -> Callable[..., T]:
+    """Run a multi-statement read inside one read transaction, so it sees one consistent snapshot."""
+
+    def wrapper(conn: apsw.Connection, *args: Any) -> T:
+        conn.execute("BEGIN")
+        try:
+            return fn(conn, *args)
+        finally:
+            conn.execute("COMMIT")
+
+    return wrapper

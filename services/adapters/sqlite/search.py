@@ -1,0 +1,114 @@
+"""Dense (vec0 KNN), lexical (FTS5 BM25) and hybrid (reciprocal rank fusion) search, scoped to one user."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import apsw
+
+from services.ports import VectorHit
+
+from .codec import blob_vector, fts_match, json_list, vector_blob
+
+RRF_K = 60
+VEC_MAX_K = 4096  # vec0's limit on k
+HYBRID_DEPTH = 3  # each ranking fused in hybrid search is this many times k deep (at least 30)
+_IN_LIST = "(SELECT value FROM json_each(?))"
+
+
+def _filters(
+    alias: str, user_id: str, kinds: Sequence[str], restrict_to: Sequence[str] | None
+) -> tuple[str, list[object]]:
+    """Kind and id filters shared by both searches; an empty ``kinds`` means every kind."""
+    sql, params = "", list[object]()
+    if kinds:
+        sql += f" AND {alias}.kind IN {_IN_LIST}"
+        params.append(json_list(kinds))
+    if restrict_to is not None:
+        sql += f" AND {alias}.rowid IN (SELECT item_no FROM items WHERE user_id = ? AND id IN {_IN_LIST})"
+        params.extend([user_id, json_list(restrict_to)])
+    return sql, params
+
+
+def dense(
+    conn: apsw.Connection,
+    user_id: str,
+    kinds: Sequence[str],
+    vector: Sequence[float],
+    k: int,
+    dim: int,
+    restrict_to: Sequence[str] | None = None,
+) -> list[VectorHit]:
+    if k <= 0 or (restrict_to is not None and not restrict_to):
+        return []
+    where, params = _filters("v", user_id, kinds, restrict_to)
+    rows = conn.execute(
+        f"""SELECT i.id, v.distance FROM vectors v JOIN items i ON i.item_no = v.rowid
+            WHERE v.embedding MATCH ? AND v.k = ? AND v.user_id = ? {where}
+            ORDER BY v.distance, i.id""",
+        (vector_blob(vector, dim), min(k, VEC_MAX_K), user_id, *params),
+    )
+    # vec0's cosine distance is 1 - cos
+    return [VectorHit(id=row[0], score=1.0 - row[1]) for row in rows]
+
+
+def lexical(
+    conn: apsw.Connection,
+    user_id: str,
+    kinds: Sequence[str],
+    text: str,
+    k: int,
+    restrict_to: Sequence[str] | None = None,
+) -> list[VectorHit]:
+    query = fts_match(user_id, kinds, text)
+    if query is None or k <= 0 or (restrict_to is not None and not restrict_to):
+        return []
+    # the MATCH already keeps only this user's rows of these kinds; the exact SQL filters on items guard it
+    where, params = _filters("i", user_id, kinds, restrict_to)
+    rows = conn.execute(
+        f"""SELECT i.id, bm25(fts, 1.0, 0.0, 0.0) AS rank FROM fts JOIN items i ON i.item_no = fts.rowid
+            WHERE fts MATCH ? AND i.user_id = ? {where}
+            ORDER BY rank, i.id LIMIT ?""",
+        (query, user_id, *params, k),
+    )
+    # FTS5's bm25() is negated so that smaller sorts first; the port wants higher = better
+    return [VectorHit(id=row[0], score=-row[1]) for row in rows]
+
+
+def fuse(rankings: Sequence[Sequence[VectorHit]], k: int) -> list[VectorHit]:
+    """Reciprocal rank fusion: score = sum over lists of 1 / (RRF_K + rank), rank from 1."""
+    scores: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, hit in enumerate(ranking, start=1):
+            scores[hit.id] = scores.get(hit.id, 0.0) + 1.0 / (RRF_K + rank)
+    best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k]
+    return [VectorHit(id=id_, score=score) for id_, score in best]
+
+
+def hybrid(
+    conn: apsw.Connection,
+    user_id: str,
+    kinds: Sequence[str],
+    vector: Sequence[float],
+    text: str,
+    k: int,
+    dim: int,
+    restrict_to: Sequence[str] | None = None,
+) -> list[VectorHit]:
+    depth = max(HYBRID_DEPTH * k, 30)
+    conn.execute("BEGIN")  # both rankings from one snapshot
+    try:
+        dense_hits = dense(conn, user_id, kinds, vector, depth, dim, restrict_to)
+        lexical_hits = lexical(conn, user_id, kinds, text, depth, restrict_to)
+    finally:
+        conn.execute("COMMIT")
+    return fuse([dense_hits, lexical_hits], k)
+
+
+def get_vectors(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]:
+    rows = conn.execute(
+        f"""SELECT i.id, v.embedding FROM items i JOIN vectors v ON v.rowid = i.item_no
+            WHERE i.user_id = ? AND i.id IN {_IN_LIST}""",
+        (user_id, json_list(ids)),
+    )
+    return {row[0]: blob_vector(row[1]) for row in rows}

@@ -1,0 +1,206 @@
+"""``SqliteMemoryStore``: the embedded MemoryStore and KeyValueCache in one SQLite file (apsw + sqlite-vec).
+
+apsw is synchronous, so every call runs on a worker thread and the event loop never waits on disk. Writes go
+through one writer thread (one connection), so they are serialised within the process; across processes, WAL mode
+plus ``BEGIN IMMEDIATE`` and a busy timeout let a memorize worker write while QA workers and the gateway read.
+Readers run on a small pool, each thread with its own connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import apsw
+from prometheus_client import Histogram
+
+from services.domain import ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex
+from services.logging import get_logger
+from services.metrics import STORE_WRITE_LATENCY
+from services.ports import KeyValueCache, MemoryStore, Vector, VectorHit, VectorItem
+
+from . import read, search
+from .schema import connect, create_schema
+from .write import apply_change_set, put_value
+
+T = TypeVar("T")
+
+READ_LATENCY = Histogram(
+    "memstream_sqlite_read_seconds",
+    "Embedded store read latency",
+    ["op"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
+
+log = get_logger(__name__)
+
+
+class SqliteMemoryStore(MemoryStore, KeyValueCache):
+    def __init__(self, path: Path | str, dim: int, readers: int = 2) -> None:
+        if dim <= 0:
+            raise ValueError("dim must be positive")
+        self.path = Path(path)
+        self.dim = dim
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        init = connect(self.path)
+        try:
+            create_schema(init, dim)
+        finally:
+            init.close()
+        self._local = threading.local()
+        self._connections: list[apsw.Connection] = []
+        self._lock = threading.Lock()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-write")
+        self._readers = ThreadPoolExecutor(max_workers=max(1, readers), thread_name_prefix="sqlite-read")
+        self._closed = False
+        log.info("sqlite_store_opened", path=str(self.path), dim=dim)
+
+    @classmethod
+    async def open(cls, path: Path | str, dim: int, readers: int = 2) -> Self:
+        """Open without blocking the event loop (creating the schema touches the disk)."""
+        return await asyncio.to_thread(cls, path, dim, readers)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- threads and connections ---------------------------------------------------------------------------
+
+    def _conn(self) -> apsw.Connection:
+        """This worker thread's connection (apsw connections are not shared between our threads)."""
+        conn: apsw.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect(self.path)
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    async def _run(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise RuntimeError("store is closed")
+        return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(self._conn(), *args))
+
+    async def _read(self, op: str, fn: Callable[..., T], *args: Any) -> T:
+        started = time.perf_counter()
+        try:
+            return await self._run(self._readers, fn, *args)
+        finally:
+            READ_LATENCY.labels(op=op).observe(time.perf_counter() - started)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        def shutdown() -> None:
+            self._writer.shutdown(wait=True)
+            self._readers.shutdown(wait=True)
+            with self._lock:
+                for conn in self._connections:
+                    conn.close()
+                self._connections.clear()
+
+        await asyncio.to_thread(shutdown)
+        log.info("sqlite_store_closed", path=str(self.path))
+
+    # -- MemoryStore -------------------------------------------------------------------------------------------
+
+    async def apply(self, change_set: ChangeSet, vectors: Sequence[VectorItem]) -> ApplyResult:
+        started = time.perf_counter()
+        result = await self._run(self._writer, apply_change_set, change_set, list(vectors), self.dim)
+        STORE_WRITE_LATENCY.labels(store="sqlite").observe(time.perf_counter() - started)
+        log.debug(
+            "change_set_applied",
+            user_id=change_set.user_id,
+            change_set_id=change_set.id,
+            **result.model_dump(exclude={"skipped_events"}),
+            skipped=len(result.skipped_events),
+        )
+        return result
+
+    async def get_vertices(self, user_id: str, ids: Sequence[str]) -> dict[str, Vertex]:
+        if not ids:
+            return {}
+        return await self._read("get_vertices", read.get_vertices, user_id, list(ids))
+
+    async def find_objects(self, user_id: str, normalized_names: Sequence[str]) -> dict[str, Vertex]:
+        if not normalized_names:
+            return {}
+        return await self._read("find_objects", read.find_objects, user_id, list(normalized_names))
+
+    async def neighbors(
+        self,
+        user_id: str,
+        vertex_ids: Sequence[str],
+        edge_kinds: Sequence[EdgeKind] | None = None,
+        limit_per_vertex: int | None = None,
+    ) -> list[Triplet]:
+        if not vertex_ids:
+            return []
+        kinds = None if edge_kinds is None else list(edge_kinds)
+        return await self._read("neighbors", read.neighbors, user_id, list(vertex_ids), kinds, limit_per_vertex)
+
+    async def valid_theses(self, user_id: str, about: Sequence[str] | None = None, limit: int = 50) -> list[Vertex]:
+        objects = None if about is None else list(about)
+        return await self._read("valid_theses", read.valid_theses, user_id, objects, limit)
+
+    async def seen_events(self, user_id: str, event_ids: Sequence[str]) -> set[str]:
+        if not event_ids:
+            return set()
+        return await self._read("seen_events", read.seen_events, user_id, list(event_ids))
+
+    async def stats(self, user_id: str) -> Stats:
+        return await self._read("stats", read.stats, user_id)
+
+    async def search(
+        self,
+        user_id: str,
+        kinds: Sequence[str],
+        query_vector: Vector | None,
+        query_text: str | None = None,
+        k: int = 10,
+        restrict_to: Sequence[str] | None = None,
+    ) -> list[VectorHit]:
+        """``kinds`` empty: every kind. Dense if only a vector, BM25 if only text, RRF (k=60) if both."""
+        kinds = list(kinds)
+        ids = None if restrict_to is None else list(restrict_to)
+        if query_vector is not None and query_text:
+            vector = list(query_vector)
+            return await self._read(
+                "search_hybrid", search.hybrid, user_id, kinds, vector, query_text, k, self.dim, ids
+            )
+        if query_vector is not None:
+            return await self._read("search_dense", search.dense, user_id, kinds, list(query_vector), k, self.dim, ids)
+        if query_text:
+            return await self._read("search_lexical", search.lexical, user_id, kinds, query_text, k, ids)
+        return []
+
+    async def get_vectors(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]:
+        if not ids:
+            return {}
+        return await self._read("get_vectors", search.get_vectors, user_id, list(ids))
+
+    # -- KeyValueCache ------------------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> str | None:
+        return await self._read("kv_get", read.get_value, key)
+
+    async def put(self, key: str, value: str) -> None:
+        await self._run(self._writer, put_value, key, value)
+
+    # -- tests and tooling ---------------------------------------------------------------------------------------
+
+    async def dump(self, user_id: str | None = None) -> dict[str, list[tuple[Any, ...]]]:
+        """Every row of every table (one user's, or all plus the KV cache), sorted: equal dumps, equal content."""
+        return await self._read("dump", read.in_snapshot(read.dump), user_id)

@@ -1,0 +1,388 @@
+"""MemoryStore port contract: every adapter must pass this suite (see ``conftest.memory_store``).
+
+The scenario: a user says "Alice lives in Paris" (2023), later "Alice lives in Berlin" (2024), which invalidates
+the first thesis. Vectors are hand-made unit vectors, so expected neighbours are known without an embedder.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pytest
+
+from services import ids
+from services.domain import ChangeSet, Edge, EdgeKind, Invalidation, Vertex, VertexKind
+from services.ports import MemoryStore, VectorItem
+
+DIM = 8
+T2023 = datetime(2023, 3, 1, tzinfo=UTC)
+T2024 = datetime(2024, 6, 1, tzinfo=UTC)
+TEXTS = {
+    "t_paris": "Alice lives in Paris",
+    "t_berlin": "Alice lives in Berlin",
+    "e1": "Alice: I moved to Paris and I love it",
+    "e2": "Alice: I left Paris, now I live in Berlin",
+}
+
+
+def unit(*axes: int) -> list[float]:
+    v = [0.0] * DIM
+    for axis in axes:
+        v[axis] = 1.0
+    norm = math.sqrt(len(axes))
+    return [x / norm for x in v]
+
+
+@dataclass
+class World:
+    """One user's memory, built from the same names and texts for every user (only the ids differ)."""
+
+    user: str
+    id: dict[str, str] = field(default_factory=dict)
+    vertices: dict[str, Vertex] = field(default_factory=dict)
+    edges: dict[str, Edge] = field(default_factory=dict)
+    vectors: dict[str, VectorItem] = field(default_factory=dict)
+
+    def obj(self, key: str, name: str, axis: int) -> None:
+        vid = ids.object_id(self.user, name)
+        self.id[key] = vid
+        self.vertices[key] = Vertex(id=vid, user_id=self.user, kind=VertexKind.OBJECT, name=name, props={"k": key})
+        self.vectors[key] = VectorItem(id=vid, kind="object", text=name, vector=unit(axis))
+
+    def thesis(self, key: str, when: datetime, *axes: int) -> None:
+        vid = ids.thesis_id(self.user, TEXTS[key])
+        self.id[key] = vid
+        self.vertices[key] = Vertex(
+            id=vid, user_id=self.user, kind=VertexKind.THESIS, name=TEXTS[key], t_valid=when, t_created=when
+        )
+        self.vectors[key] = VectorItem(id=vid, kind="thesis", text=TEXTS[key], vector=unit(*axes))
+
+    def episode(self, key: str, event: str, when: datetime, axis: int) -> None:
+        vid = ids.episode_id(self.user, event)
+        self.id[key] = vid
+        self.vertices[key] = Vertex(id=vid, user_id=self.user, kind=VertexKind.EPISODIC, name=TEXTS[key], t_valid=when)
+        self.vectors[key] = VectorItem(id=vid, kind="episodic", text=TEXTS[key], vector=unit(axis))
+
+    def edge(self, key: str, kind: EdgeKind, source: str, relation: str, target: str, *axes: int) -> None:
+        eid = ids.edge_id(self.user, kind.value, self.id[source], relation, self.id[target])
+        self.id[key] = eid
+        self.edges[key] = Edge(
+            id=eid, user_id=self.user, kind=kind, source=self.id[source], target=self.id[target], relation=relation
+        )
+        if axes:
+            text = f"{self.vertices[source].name} {relation} {self.vertices[target].name}"
+            self.vectors[key] = VectorItem(id=eid, kind="triplet", text=text, vector=unit(*axes))
+
+    def change_set(self, events: list[str], keys: list[str], invalidations: Sequence[Invalidation] = ()) -> ChangeSet:
+        return ChangeSet(
+            id=ids.change_set_id(self.user, events),
+            user_id=self.user,
+            event_ids=events,
+            vertices=[self.vertices[k] for k in keys if k in self.vertices],
+            edges=[self.edges[k] for k in keys if k in self.edges],
+            invalidations=list(invalidations),
+        )
+
+    def items(self, keys: list[str]) -> list[VectorItem]:
+        return [self.vectors[k] for k in keys if k in self.vectors]
+
+
+FIRST = ["alice", "bob", "paris", "t_paris", "e1", "lives_paris", "knows_bob", "a_tp", "p_tp", "tp_e1"]
+SECOND = ["berlin", "t_berlin", "e2", "lives_berlin", "a_tb", "b_tb", "tb_e2"]
+
+
+def world(user: str) -> World:
+    w = World(user)
+    w.obj("alice", "Alice", 0)
+    w.obj("bob", "Bob", 1)
+    w.obj("paris", "Paris", 2)
+    w.obj("berlin", "Berlin", 3)
+    w.thesis("t_paris", T2023, 0, 2)
+    w.thesis("t_berlin", T2024, 0, 3)
+    w.episode("e1", "m1", T2023, 5)
+    w.episode("e2", "m2", T2024, 6)
+    w.edge("lives_paris", EdgeKind.RELATION, "alice", "lives in", "paris", 0, 2, 4)
+    w.edge("lives_berlin", EdgeKind.RELATION, "alice", "lives in", "berlin", 0, 3, 4)
+    w.edge("knows_bob", EdgeKind.RELATION, "alice", "knows", "bob", 0, 1, 4)
+    w.edge("a_tp", EdgeKind.THESIS, "alice", "thesis", "t_paris")
+    w.edge("p_tp", EdgeKind.THESIS, "paris", "thesis", "t_paris")
+    w.edge("a_tb", EdgeKind.THESIS, "alice", "thesis", "t_berlin")
+    w.edge("b_tb", EdgeKind.THESIS, "berlin", "thesis", "t_berlin")
+    w.edge("tp_e1", EdgeKind.EPISODIC, "t_paris", "episode", "e1")
+    w.edge("tb_e2", EdgeKind.EPISODIC, "t_berlin", "episode", "e2")
+    return w
+
+
+def invalidation(w: World) -> Invalidation:
+    return Invalidation(thesis_id=w.id["t_paris"], invalidated_by=w.id["t_berlin"], t_invalid=T2024, t_expired=T2024)
+
+
+async def load(store: MemoryStore, w: World, second: bool = True) -> None:
+    await store.apply(w.change_set(["m1"], FIRST), w.items(FIRST))
+    if second:
+        await store.apply(w.change_set(["m2"], SECOND, [invalidation(w)]), w.items(SECOND))
+
+
+@pytest.fixture
+def alice() -> World:
+    return world("alice")
+
+
+@pytest.fixture
+def bob() -> World:
+    return world("bob")
+
+
+# -- apply ---------------------------------------------------------------------------------------------------------
+
+
+async def test_apply_counts_what_was_written(memory_store: MemoryStore, alice: World) -> None:
+    first = await memory_store.apply(alice.change_set(["m1"], FIRST), alice.items(FIRST))
+    assert (first.vertices_added, first.theses_added, first.edges_added) == (5, 1, 5)
+    assert first.theses_invalidated == 0 and first.skipped_events == []
+
+    second = await memory_store.apply(alice.change_set(["m2"], SECOND, [invalidation(alice)]), alice.items(SECOND))
+    assert (second.vertices_added, second.theses_added, second.edges_added, second.theses_invalidated) == (3, 1, 4, 1)
+    assert await memory_store.seen_events("alice", ["m1", "m2", "m3"]) == {"m1", "m2"}
+
+
+async def test_replay_is_skipped_and_changes_nothing(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    before = await memory_store.stats("alice")
+    vertices_before = await memory_store.get_vertices("alice", list(alice.id.values()))
+
+    replay = await memory_store.apply(alice.change_set(["m1"], FIRST), alice.items(FIRST))
+    assert replay.skipped_events == ["m1"]
+    assert (replay.vertices_added, replay.edges_added, replay.theses_invalidated) == (0, 0, 0)
+    assert await memory_store.stats("alice") == before
+    assert await memory_store.get_vertices("alice", list(alice.id.values())) == vertices_before
+
+
+async def test_partly_seen_change_set_writes_only_what_is_new(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice, second=False)
+    # a re-batched change set: m1 was applied before, m2 is new; m1's content is already there
+    result = await memory_store.apply(
+        alice.change_set(["m1", "m2"], FIRST + SECOND, [invalidation(alice)]), alice.items(FIRST + SECOND)
+    )
+    assert result.skipped_events == ["m1"]
+    assert (result.vertices_added, result.edges_added, result.theses_invalidated) == (3, 4, 1)
+    assert (await memory_store.stats("alice")).events == 2
+
+
+async def test_first_invalidation_wins(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    later = Invalidation(
+        thesis_id=alice.id["t_paris"], invalidated_by="t_other", t_invalid=datetime(2025, 1, 1, tzinfo=UTC),
+        t_expired=datetime(2025, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    result = await memory_store.apply(alice.change_set(["m3"], [], [later]), [])
+    assert result.theses_invalidated == 0
+    paris = (await memory_store.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]]
+    assert paris.invalidated_by == alice.id["t_berlin"] and paris.t_invalid == T2024
+
+
+async def test_change_set_for_another_user_is_refused(memory_store: MemoryStore, alice: World, bob: World) -> None:
+    mixed = alice.change_set(["m1"], FIRST).model_copy(update={"vertices": [bob.vertices["paris"]]})
+    with pytest.raises(ValueError):
+        await memory_store.apply(mixed, [])
+    assert (await memory_store.stats("alice")).events == 0
+
+
+# -- graph reads ------------------------------------------------------------------------------------------------------
+
+
+async def test_get_vertices_round_trips(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice, second=False)
+    wanted = [alice.id[k] for k in ("alice", "t_paris", "e1")] + ["o_missing"]
+    got = await memory_store.get_vertices("alice", wanted)
+    assert got == {alice.id[k]: alice.vertices[k] for k in ("alice", "t_paris", "e1")}
+
+
+async def test_find_objects_by_normalized_name(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice, second=False)
+    found = await memory_store.find_objects("alice", [ids.normalize_name("The  ALICE"), "paris", "nobody"])
+    assert {key: v.id for key, v in found.items()} == {"alice": alice.id["alice"], "paris": alice.id["paris"]}
+
+
+async def test_neighbors_both_directions_keep_edge_direction(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    triplets = await memory_store.neighbors("alice", [alice.id["paris"]])
+    by_edge = {t.edge.id: t for t in triplets}
+    assert set(by_edge) == {alice.id["lives_paris"], alice.id["p_tp"]}
+    incoming = by_edge[alice.id["lives_paris"]]  # paris is the target: start stays alice
+    assert (incoming.start.id, incoming.end.id) == (alice.id["alice"], alice.id["paris"])
+    assert incoming.text == "Alice lives in Paris"
+    outgoing = by_edge[alice.id["p_tp"]]
+    assert (outgoing.start.id, outgoing.end.id) == (alice.id["paris"], alice.id["t_paris"])
+
+
+async def test_neighbors_of_a_frontier_in_one_call(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    triplets = await memory_store.neighbors("alice", [alice.id["paris"], alice.id["alice"], alice.id["t_paris"]])
+    edge_ids = [t.edge.id for t in triplets]
+    assert len(edge_ids) == len(set(edge_ids)), "an edge between two frontier vertices comes back once"
+    expected = ["lives_paris", "p_tp", "lives_berlin", "knows_bob", "a_tp", "a_tb", "tp_e1"]
+    assert set(edge_ids) == {alice.id[k] for k in expected}
+
+
+async def test_neighbors_edge_kind_filter_and_limit(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    relations = await memory_store.neighbors("alice", [alice.id["alice"]], edge_kinds=[EdgeKind.RELATION])
+    assert {t.edge.id for t in relations} == {alice.id[k] for k in ("lives_paris", "lives_berlin", "knows_bob")}
+    assert all(t.edge.kind is EdgeKind.RELATION for t in relations)
+
+    episodic = await memory_store.neighbors("alice", [alice.id["t_paris"]], edge_kinds=[EdgeKind.EPISODIC])
+    assert [(t.start.id, t.end.id) for t in episodic] == [(alice.id["t_paris"], alice.id["e1"])]
+
+    limited = await memory_store.neighbors("alice", [alice.id["alice"], alice.id["paris"]], limit_per_vertex=1)
+    assert len(limited) == 2
+    assert await memory_store.neighbors("alice", []) == []
+
+
+async def test_valid_theses_after_invalidation(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice, second=False)
+    assert [v.id for v in await memory_store.valid_theses("alice")] == [alice.id["t_paris"]]
+
+    await load(memory_store, alice)
+    assert [v.id for v in await memory_store.valid_theses("alice")] == [alice.id["t_berlin"]]
+    assert [v.id for v in await memory_store.valid_theses("alice", about=[alice.id["alice"]])] == [alice.id["t_berlin"]]
+    assert await memory_store.valid_theses("alice", about=[alice.id["paris"]]) == []
+    assert await memory_store.valid_theses("alice", about=[]) == []
+
+    old = (await memory_store.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]]
+    assert (old.t_invalid, old.t_expired, old.invalidated_by) == (T2024, T2024, alice.id["t_berlin"])
+    assert old.valid_at(datetime(2023, 12, 31, tzinfo=UTC)) and not old.valid_at(None)
+
+
+async def test_stats(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    stats = await memory_store.stats("alice")
+    assert stats.user_id == "alice"
+    assert {k: n for k, n in stats.vertices.items() if n} == {"object": 4, "thesis": 2, "episodic": 2}
+    assert {k: n for k, n in stats.edges.items() if n} == {"relation": 3, "thesis": 4, "episodic": 2}
+    assert (stats.theses_valid, stats.theses_invalidated, stats.events) == (1, 1, 2)
+
+
+# -- search -----------------------------------------------------------------------------------------------------------
+
+
+async def test_dense_search_scores_cosine_and_filters_kinds(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    objects = await memory_store.search("alice", ["object"], unit(2), k=2)
+    assert objects[0].id == alice.id["paris"] and objects[0].score == pytest.approx(1.0, abs=1e-5)
+    assert objects[1].score == pytest.approx(0.0, abs=1e-5)
+
+    theses = await memory_store.search("alice", ["thesis"], unit(0, 2), k=10)
+    assert [h.id for h in theses] == [alice.id["t_paris"], alice.id["t_berlin"]]
+    assert [h.score for h in theses] == pytest.approx([1.0, 0.5], abs=1e-5)
+
+    mixed = await memory_store.search("alice", ["thesis", "triplet"], unit(0, 2, 4), k=3)
+    assert mixed[0].id == alice.id["lives_paris"]
+    assert {h.id for h in mixed} <= {
+        alice.id[k] for k in ("lives_paris", "lives_berlin", "knows_bob", "t_paris", "t_berlin")
+    }
+
+
+async def test_dense_search_restrict_to(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    allowed = [alice.id["berlin"], alice.id["t_berlin"], "o_not_there"]
+    hits = await memory_store.search("alice", [], unit(2), k=10, restrict_to=allowed)
+    assert {h.id for h in hits} == {alice.id["berlin"], alice.id["t_berlin"]}
+    assert await memory_store.search("alice", [], unit(2), k=10, restrict_to=[]) == []
+
+
+async def test_lexical_search_bm25(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    hits = await memory_store.search("alice", ["thesis"], None, "Where does Alice live: Berlin?", k=5)
+    assert [h.id for h in hits] == [alice.id["t_berlin"], alice.id["t_paris"]]
+    assert hits[0].score > hits[1].score > 0
+
+    episodes = await memory_store.search("alice", ["episodic"], None, "moved", k=5)
+    assert [h.id for h in episodes] == [alice.id["e1"]]
+
+    restricted = await memory_store.search("alice", [], None, "Paris", k=10, restrict_to=[alice.id["e2"]])
+    assert [h.id for h in restricted] == [alice.id["e2"]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"Paris',
+        "Paris AND OR NOT",
+        "NEAR(Paris Berlin, 2)",
+        "text:Paris",
+        "Pa*",
+        "(((",
+        "-Paris ^Berlin",
+        "'; DROP TABLE x; --",
+    ],
+)
+async def test_lexical_query_syntax_in_user_text_is_harmless(
+    memory_store: MemoryStore, alice: World, text: str
+) -> None:
+    await load(memory_store, alice)
+    hits = await memory_store.search("alice", [], None, text, k=10)
+    assert all(h.id in alice.id.values() for h in hits)
+    assert await memory_store.search("alice", [], None, "?!.,;", k=10) == []
+
+
+async def test_hybrid_search_fuses_both_rankings(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    # dense ranks Paris 1st and Berlin 2nd; lexical finds only Berlin: 1/61 + 1/62 beats 1/61
+    hits = await memory_store.search("alice", ["thesis"], unit(0, 2), "Berlin", k=10)
+    assert [h.id for h in hits] == [alice.id["t_berlin"], alice.id["t_paris"]]
+    assert [h.score for h in hits] == pytest.approx([1 / 61 + 1 / 62, 1 / 61])
+    # first in both lists
+    top = await memory_store.search("alice", ["thesis"], unit(0, 3), "Berlin", k=1)
+    assert top[0].id == alice.id["t_berlin"] and top[0].score == pytest.approx(2 / 61)
+
+    restricted = await memory_store.search("alice", [], unit(0, 3), "Berlin", k=10, restrict_to=[alice.id["t_paris"]])
+    assert [h.id for h in restricted] == [alice.id["t_paris"]]
+
+
+async def test_get_vectors(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    got = await memory_store.get_vectors("alice", [alice.id["t_paris"], alice.id["lives_paris"], "missing"])
+    assert set(got) == {alice.id["t_paris"], alice.id["lives_paris"]}
+    assert got[alice.id["t_paris"]] == pytest.approx(unit(0, 2), abs=1e-6)
+
+
+# -- isolation --------------------------------------------------------------------------------------------------------
+
+
+async def test_users_never_see_each_other(memory_store: MemoryStore, alice: World, bob: World) -> None:
+    await load(memory_store, alice)
+    await load(memory_store, bob, second=False)  # same names, texts and event ids; bob never moved to Berlin
+    bob_ids = list(bob.id.values())
+    assert not set(bob_ids) & set(alice.id.values())
+
+    assert await memory_store.get_vertices("alice", bob_ids) == {}
+    assert await memory_store.get_vectors("alice", bob_ids) == {}
+    assert await memory_store.neighbors("alice", bob_ids) == []
+    assert await memory_store.valid_theses("alice", about=bob_ids) == []
+    found = await memory_store.find_objects("alice", ["alice", "paris", "berlin"])
+    assert {v.id for v in found.values()} == {alice.id["alice"], alice.id["paris"], alice.id["berlin"]}
+    assert await memory_store.seen_events("bob", ["m1", "m2"]) == {"m1"}
+
+    for user, own in (("alice", alice), ("bob", bob)):
+        mine = set(own.id.values())
+        for hits in (
+            await memory_store.search(user, [], unit(2), k=50),
+            await memory_store.search(user, [], None, "Alice Paris Berlin", k=50),
+            await memory_store.search(user, [], unit(2), "Alice Paris", k=50),
+            await memory_store.search(user, [], unit(2), k=50, restrict_to=bob_ids + list(alice.id.values())),
+        ):
+            assert hits and {h.id for h in hits} <= mine
+        triplets = await memory_store.neighbors(user, [own.id["alice"], own.id["t_paris"]])
+        assert triplets and all(v.user_id == user for t in triplets for v in (t.start, t.end))
+        assert all(t.edge.user_id == user for t in triplets)
+        assert all(v.user_id == user for v in await memory_store.valid_theses(user))
+
+    assert [v.id for v in await memory_store.valid_theses("bob")] == [bob.id["t_paris"]]
+    alice_stats, bob_stats = await memory_store.stats("alice"), await memory_store.stats("bob")
+    assert (alice_stats.theses_invalidated, alice_stats.events, alice_stats.vertices["object"]) == (1, 2, 4)
+    assert (bob_stats.theses_invalidated, bob_stats.events, bob_stats.vertices["object"]) == (0, 1, 3)
+    assert (await memory_store.stats("carol")).events == 0
