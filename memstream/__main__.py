@@ -1,0 +1,5 @@
+"""`python -m memstream` is the `memstream` command."""
+
+from memstream.cli import main
+
+main()

@@ -1,0 +1,194 @@
+"""The HTTP gateway: validates events where they enter and produces them keyed by ``user_id``; serves answers
+from the answers topic, per-user stats from the store, health and Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from pydantic import BaseModel
+
+from memstream.broker import wait_for_kafka
+from services.domain import Stats
+from services.gateway import inputs
+from services.gateway.answers import AnswerBook, AnswerFeed
+from services.logging import get_logger
+from services.settings import Settings
+from streams.codec import encode, user_key
+from streams.topics import TopicNames, ensure_topics
+
+log = get_logger(__name__)
+
+GATEWAY_EVENTS = Counter("memstream_gateway_events_total", "Events accepted by the gateway", ["kind"])
+GATEWAY_REJECTED = Counter("memstream_gateway_rejected_total", "Requests rejected as invalid", ["route"])
+
+StatsReader = Callable[[str], Awaitable[Stats]]
+
+
+class StoreStats:
+    """Reads per-user stats from the embedded store, opened on first use (the gateway needs no model)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._store: Any = None
+        self._lock = asyncio.Lock()
+
+    async def __call__(self, user_id: str) -> Stats:
+        async with self._lock:
+            if self._store is None:
+                from services.adapters.sqlite import SqliteMemoryStore
+                from services.llm.factory import build_embedder
+
+                # the store checks the vector size it was created with; the embedder (never loaded) tells it
+                dim = build_embedder(self.settings).dim
+                self._store = await SqliteMemoryStore.open(self.settings.store_path, dim=dim)
+        stats: Stats = await self._store.stats(user_id)
+        return stats
+
+    async def close(self) -> None:
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
+
+
+class Accepted(BaseModel):
+    accepted: int
+    event_ids: list[str]
+
+
+class QueryAccepted(BaseModel):
+    query_id: str
+
+
+def _invalid(route: str, exc: inputs.InvalidInput) -> JSONResponse:
+    GATEWAY_REJECTED.labels(route=route).inc()
+    return JSONResponse(status_code=422, content={"detail": str(exc), "errors": exc.errors})
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as exc:
+        raise inputs.InvalidInput(f"request body is not valid JSON: {exc}") from exc
+
+
+def create_app(
+    settings: Settings,
+    bootstrap: str | None = None,
+    stats_reader: StatsReader | None = None,
+    answers_capacity: int = 10_000,
+) -> FastAPI:
+    """The gateway app. ``bootstrap`` defaults to ``settings.broker``; ``stats_reader`` to the embedded store."""
+    servers = bootstrap or settings.broker
+    if not servers:
+        raise ValueError("the gateway needs a broker: set MEMSTREAM_BROKER or pass bootstrap")
+    topics = TopicNames.from_settings(settings)
+    book = AnswerBook(answers_capacity)
+    feed = AnswerFeed(servers, topics.answers, book)
+    store_stats = StoreStats(settings) if stats_reader is None else None
+    read_stats: StatsReader = stats_reader or store_stats  # type: ignore[assignment]
+    producer_box: list[AIOKafkaProducer] = []
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await wait_for_kafka(servers)
+        await ensure_topics(settings, servers)
+        producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", linger_ms=5, client_id="memstream-gateway")
+        await producer.start()
+        producer_box.append(producer)
+        await feed.start()
+        log.info("gateway_ready", broker=servers)
+        try:
+            yield
+        finally:
+            await feed.stop()
+            await producer.stop()
+            if store_stats is not None:
+                await store_stats.close()
+
+    app = FastAPI(title="memstream gateway", version="1", lifespan=lifespan)
+    app.state.answers = book
+    app.state.topics = topics
+
+    async def produce(topic: str, events: Sequence[Any]) -> None:
+        producer = producer_box[0]
+        futures = [await producer.send(topic, encode(e), key=user_key(e.user_id)) for e in events]
+        await asyncio.gather(*futures)  # the broker acknowledged every record before we answer 202
+
+    @app.exception_handler(KafkaError)
+    async def broker_unavailable(request: Request, exc: KafkaError) -> JSONResponse:
+        log.error("produce_failed", path=request.url.path, error=repr(exc))
+        return JSONResponse(status_code=503, content={"detail": f"the broker did not accept the events: {exc!r}"})
+
+    @app.post("/v1/messages", status_code=202, response_model=Accepted)
+    async def post_messages(request: Request) -> Any:
+        try:
+            events = inputs.chat_messages(await _json_body(request))
+        except inputs.InvalidInput as exc:
+            return _invalid("messages", exc)
+        await produce(topics.chat, events)
+        GATEWAY_EVENTS.labels(kind="chat_message").inc(len(events))
+        return Accepted(accepted=len(events), event_ids=[e.event_id for e in events])
+
+    @app.post("/v1/documents", status_code=202, response_model=Accepted)
+    async def post_documents(request: Request) -> Any:
+        try:
+            events = inputs.documents(await _json_body(request))
+        except inputs.InvalidInput as exc:
+            return _invalid("documents", exc)
+        await produce(topics.documents, events)
+        GATEWAY_EVENTS.labels(kind="document").inc(len(events))
+        return Accepted(accepted=len(events), event_ids=[e.event_id for e in events])
+
+    @app.post("/v1/questions", status_code=202, response_model=QueryAccepted)
+    async def post_question(request: Request) -> Any:
+        try:
+            query = inputs.query(await _json_body(request))
+        except inputs.InvalidInput as exc:
+            return _invalid("questions", exc)
+        await produce(topics.queries, [query])
+        GATEWAY_EVENTS.labels(kind="query").inc()
+        return QueryAccepted(query_id=query.query_id)
+
+    @app.get("/v1/answers/{query_id}")
+    async def get_answer(query_id: str, wait: float = Query(0.0, ge=0.0, le=30.0)) -> Any:
+        """The answer event; 404 until it is ready. ``wait`` long-polls up to that many seconds."""
+        answer = book.get(query_id) if wait <= 0 else await book.wait_for(query_id, wait)
+        if answer is None:
+            return JSONResponse(status_code=404, content={"detail": f"no answer yet for query {query_id}"})
+        return JSONResponse(content=answer.model_dump(mode="json"))
+
+    @app.get("/v1/stats/{user_id}", response_model=Stats)
+    async def get_stats(user_id: str) -> Any:
+        try:
+            inputs.check_user_id(user_id)
+        except inputs.InvalidInput as exc:
+            return _invalid("stats", exc)
+        return await read_stats(user_id)
+
+    @app.get("/healthz")
+    async def healthz() -> Any:
+        healthy = bool(producer_box) and feed.running
+        body = {"status": "ok" if healthy else "degraded", "broker": servers, "answers_cached": len(book)}
+        return JSONResponse(status_code=200 if healthy else 503, content=body)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        registry: CollectorRegistry | None = None
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # `memstream up` runs workers and gateway as processes sharing one metrics directory
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+        data = generate_latest(registry) if registry is not None else generate_latest()
+        return Response(content=data, media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,97 @@
+"""A small synchronous client of the gateway, for the CLI and scripts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from schemas.events import ChatMessage, Document
+
+
+class GatewayError(RuntimeError):
+    pass
+
+
+class GatewayClient:
+    def __init__(self, url: str, timeout_s: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> GatewayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        # transient network errors are retried; an HTTP error status is an answer, not a transient failure
+        try:
+            for attempt in Retrying(
+                stop=stop_after_attempt(4),
+                wait=wait_exponential(multiplier=0.25, max=4),
+                retry=retry_if_exception_type(httpx.TransportError),
+                reraise=True,
+            ):
+                with attempt:
+                    return self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise GatewayError(f"cannot reach the gateway at {self.url}: {exc}") from exc
+        raise GatewayError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _check(response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise GatewayError(
+                f"{response.request.method} {response.request.url.path}: {response.status_code} {detail}"
+            )
+        return response.json()
+
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._check(self._request("GET", "/healthz"))
+        return result
+
+    def post_messages(self, messages: Sequence[ChatMessage]) -> dict[str, Any]:
+        body = [m.model_dump(mode="json", exclude={"ingest_time"}) for m in messages]
+        result: dict[str, Any] = self._check(self._request("POST", "/v1/messages", json=body))
+        return result
+
+    def post_documents(self, documents: Sequence[Document]) -> dict[str, Any]:
+        body = [d.model_dump(mode="json", exclude={"ingest_time"}) for d in documents]
+        result: dict[str, Any] = self._check(self._request("POST", "/v1/documents", json=body))
+        return result
+
+    def ask(self, user_id: str, question: str, **fields: Any) -> str:
+        body = {"user_id": user_id, "question": question, **fields}
+        return str(self._check(self._request("POST", "/v1/questions", json=body))["query_id"])
+
+    def answer(self, query_id: str, wait_s: float = 0.0) -> dict[str, Any] | None:
+        response = self._request("GET", f"/v1/answers/{query_id}", params={"wait": wait_s})
+        if response.status_code == 404:
+            return None
+        result: dict[str, Any] = self._check(response)
+        return result
+
+    def wait_answer(self, query_id: str, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise GatewayError(f"no answer for query {query_id} within {timeout_s:.0f}s")
+            found = self.answer(query_id, wait_s=min(10.0, max(0.1, left)))
+            if found is not None:
+                return found
+
+    def stats(self, user_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._check(self._request("GET", f"/v1/stats/{user_id}"))
+        return result

@@ -1,0 +1,126 @@
+"""Turn request bodies into validated events: the gateway is where events enter, so it validates them.
+
+The server fills what a client may leave out: ``event_id`` (a hash of the content, so a retried POST is the same
+event), ``event_time`` (now, when absent) and always ``ingest_time``; ``document_id`` defaults to the event id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from schemas.events import ChatMessage, Document, Query, UserId
+from services.ids import digest
+
+E = TypeVar("E", bound=BaseModel)
+
+MAX_BATCH = 1000
+_USER_ID: TypeAdapter[str] = TypeAdapter(UserId)
+
+
+class InvalidInput(ValueError):
+    """A request body that does not describe valid events; ``errors`` is JSON-ready."""
+
+    def __init__(self, message: str, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors or []
+
+
+def _items(body: Any, what: str) -> list[dict[str, Any]]:
+    items = body if isinstance(body, list) else [body]
+    if not items:
+        raise InvalidInput(f"expected one {what} object or a non-empty list of them")
+    if len(items) > MAX_BATCH:
+        raise InvalidInput(f"at most {MAX_BATCH} {what}s per request, got {len(items)}")
+    for n, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidInput(f"{what} #{n} is not a JSON object")
+    return items
+
+
+def _raw_time(item: dict[str, Any]) -> str:
+    value = item.get("event_time")
+    return "" if value is None else str(value)
+
+
+def _validate(model: type[E], item: dict[str, Any], label: str) -> E:
+    try:
+        return model.model_validate(item)
+    except ValidationError as exc:
+        errors = [
+            {"loc": [label, *[str(p) for p in e["loc"]]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False, include_context=False)
+        ]
+        first = errors[0]
+        raise InvalidInput(
+            f"invalid {label}: {'.'.join(first['loc'][1:]) or '<root>'}: {first['msg']}", errors
+        ) from exc
+
+
+def _events(
+    body: Any, model: type[E], what: str, fill: Callable[[dict[str, Any]], None], now: datetime | None
+) -> list[E]:
+    now = now or datetime.now(UTC)
+    events = []
+    for n, raw in enumerate(_items(body, what)):
+        item = dict(raw)
+        fill(item)
+        item.setdefault("event_time", now)
+        if item.get("event_time") is None:
+            item["event_time"] = now
+        item["ingest_time"] = now  # the server's clock, whatever the client sent
+        events.append(_validate(model, item, f"{what} #{n}"))
+    return events
+
+
+def chat_messages(body: Any, now: datetime | None = None) -> list[ChatMessage]:
+    def fill(item: dict[str, Any]) -> None:
+        if not item.get("event_id"):
+            item["event_id"] = "m_" + digest(
+                str(item.get("user_id", "")),
+                str(item.get("conversation_id", "default")),
+                str(item.get("speaker", "")),
+                str(item.get("text", "")),
+                _raw_time(item),
+            )
+
+    return _events(body, ChatMessage, "message", fill, now)
+
+
+def documents(body: Any, now: datetime | None = None) -> list[Document]:
+    def fill(item: dict[str, Any]) -> None:
+        if not item.get("event_id"):
+            item["event_id"] = "d_" + digest(
+                str(item.get("user_id", "")),
+                str(item.get("document_id", "")),
+                str(item.get("title", "")),
+                str(item.get("text", "")),
+                _raw_time(item),
+            )
+        if not item.get("document_id"):
+            item["document_id"] = item["event_id"]
+
+    return _events(body, Document, "document", fill, now)
+
+
+def query(body: Any, now: datetime | None = None) -> Query:
+    if not isinstance(body, dict):
+        raise InvalidInput("expected a JSON object with user_id and question")
+
+    def fill(item: dict[str, Any]) -> None:
+        # every question is a new query: asking twice gets two answers
+        if not item.get("event_id"):
+            item["event_id"] = "q_" + uuid.uuid4().hex
+
+    return _events(body, Query, "question", fill, now)[0]
+
+
+def check_user_id(user_id: str) -> str:
+    try:
+        return _USER_ID.validate_python(user_id)
+    except ValidationError as exc:
+        raise InvalidInput(f"invalid user_id {user_id!r}: {exc.errors()[0]['msg']}") from exc

@@ -1,0 +1,193 @@
+"""What the agents do with a batch of records, independent of Faust so it reads (and tests) as plain code.
+
+Delivery is at-least-once: the agent acks a batch only after ``handle`` returned, i.e. after the store write
+committed and its events were published. A replay is harmless because the memorize service skips events it has
+already applied. A handler never raises: whatever fails becomes a dead letter and the worker keeps going.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
+
+from schemas.events import Answer, AnswerStatus, ChatMessage, DeadLetter, Document, MemoryUpdate, Query, StageEvent
+from services import metrics
+from services.logging import get_logger
+from streams.codec import INVALID_EVENT, PROCESSING_FAILED, InvalidEvent, dead_letter, decode, encode, user_key
+from streams.topics import TopicNames
+
+log = get_logger(__name__)
+
+MemoryEvent = ChatMessage | Document
+
+
+@dataclass(frozen=True)
+class Record:
+    """One consumed Kafka record, as bytes."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+
+
+class Publisher(Protocol):
+    async def publish(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Return once the broker acknowledged the record."""
+
+
+class MemorizeOutcomeLike(Protocol):
+    @property
+    def updates(self) -> Sequence[MemoryUpdate]: ...
+    @property
+    def dead_letters(self) -> Sequence[DeadLetter]: ...
+
+
+class Memorizer(Protocol):
+    async def memorize(self, events: Sequence[MemoryEvent], source_topic: str = ...) -> MemorizeOutcomeLike: ...
+
+
+class Answerer(Protocol):
+    async def answer(self, query: Query, emit: Callable[[StageEvent], Awaitable[None]] | None = None) -> Answer: ...
+
+
+async def publish_reliably(publisher: Publisher, topic: str, key: bytes | None, value: bytes) -> bool:
+    """Publish with a few retries; False (logged) if the broker keeps refusing. Never raises."""
+    try:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(4), wait=wait_exponential(multiplier=0.2, max=2), reraise=True
+        ):
+            with attempt:
+                await publisher.publish(topic, key, value)
+    except Exception as exc:
+        log.error("publish_failed", topic=topic, error=repr(exc))
+        return False
+    return True
+
+
+async def send_dead_letter(publisher: Publisher, topics: TopicNames, letter: DeadLetter, counted: bool = False) -> None:
+    if not counted:
+        metrics.DEAD_LETTERS.labels(topic=letter.source_topic, reason=letter.reason).inc()
+    log.warning(
+        "dead_letter",
+        source_topic=letter.source_topic,
+        reason=letter.reason,
+        user_id=letter.user_id,
+        failed_event_ids=letter.failed_event_ids,
+        error=letter.error[:300],
+    )
+    await publish_reliably(publisher, topics.dead_letters, user_key(letter.user_id), encode(letter))
+
+
+def _invalid(record: Record, exc: InvalidEvent) -> DeadLetter:
+    return dead_letter(
+        source_topic=record.topic,
+        reason=INVALID_EVENT,
+        error=str(exc),
+        raw=record.value,
+        user_id=exc.user_id,
+        failed_event_ids=[exc.event_id] if exc.event_id else [],
+    )
+
+
+class MemorizeHandler:
+    """Chat messages and documents -> memorize service -> memory updates (and dead letters)."""
+
+    def __init__(self, memorizer: Memorizer, publisher: Publisher, topics: TopicNames) -> None:
+        self.memorizer = memorizer
+        self.publisher = publisher
+        self.topics = topics
+        self.models: dict[str, type[ChatMessage] | type[Document]] = {
+            topics.chat: ChatMessage,
+            topics.documents: Document,
+        }
+
+    async def handle(self, records: Sequence[Record]) -> None:
+        by_topic: dict[str, list[tuple[MemoryEvent, Record]]] = {}
+        for record in records:
+            model = self.models.get(record.topic)
+            if model is None:
+                continue
+            try:
+                event = decode(record.value, model)
+            except InvalidEvent as exc:
+                await send_dead_letter(self.publisher, self.topics, _invalid(record, exc))
+                continue
+            by_topic.setdefault(record.topic, []).append((event, record))
+        for topic, items in by_topic.items():
+            await self._memorize(topic, items)
+
+    async def _memorize(self, topic: str, items: list[tuple[MemoryEvent, Record]]) -> None:
+        try:
+            outcome = await self.memorizer.memorize([event for event, _ in items], topic)
+        except Exception as exc:
+            log.exception("memorize_failed", topic=topic, events=len(items))
+            for event, record in items:
+                letter = dead_letter(
+                    source_topic=topic,
+                    reason=PROCESSING_FAILED,
+                    error=repr(exc),
+                    raw=record.value,
+                    user_id=event.user_id,
+                    failed_event_ids=[event.event_id],
+                )
+                await send_dead_letter(self.publisher, self.topics, letter)
+            return
+        for update in outcome.updates:
+            await publish_reliably(self.publisher, self.topics.memory_updates, user_key(update.user_id), encode(update))
+        for letter in outcome.dead_letters:
+            # the memorize service counts its own dead letters
+            await send_dead_letter(self.publisher, self.topics, letter, counted=True)
+
+
+class QAHandler:
+    """Queries -> QA service -> stage events while it works, then the answer."""
+
+    def __init__(self, answerer: Answerer, publisher: Publisher, topics: TopicNames) -> None:
+        self.answerer = answerer
+        self.publisher = publisher
+        self.topics = topics
+
+    async def handle(self, record: Record) -> None:
+        try:
+            query = decode(record.value, Query)
+        except InvalidEvent as exc:
+            await send_dead_letter(self.publisher, self.topics, _invalid(record, exc))
+            return
+        key = user_key(query.user_id)
+
+        async def emit(stage: StageEvent) -> None:
+            await publish_reliably(self.publisher, self.topics.stages, key, encode(stage))
+
+        try:
+            answer = await self.answerer.answer(query, emit)
+        except Exception as exc:
+            log.exception("qa_failed", query_id=query.query_id, user_id=query.user_id)
+            letter = dead_letter(
+                source_topic=record.topic,
+                reason=PROCESSING_FAILED,
+                error=repr(exc),
+                raw=record.value,
+                user_id=query.user_id,
+                failed_event_ids=[query.event_id],
+            )
+            await send_dead_letter(self.publisher, self.topics, letter)
+            # whoever waits for this query gets an answer that says it failed, not a timeout
+            answer = error_answer(query, repr(exc))
+        await publish_reliably(self.publisher, self.topics.answers, key, encode(answer))
+
+
+def error_answer(query: Query, error: str) -> Answer:
+    return Answer(
+        event_id=f"ans_{query.query_id}",
+        user_id=query.user_id,
+        event_time=query.event_time,
+        query_id=query.query_id,
+        trace_id=f"tr_{query.query_id}",
+        question=query.question,
+        answer="",
+        status=AnswerStatus.ERROR,
+        error=error[:2000],
+    )

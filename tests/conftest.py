@@ -1,0 +1,61 @@
+"""Shared fixtures: a tmp data dir, test settings, and a real embedded broker (the Tansu binary, ~50 ms to start)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from memstream.broker import EmbeddedBroker, free_port
+from services.settings import Settings
+
+SCRIPTED_LLM = "services.llm.scripted:rule_based_llm"
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+def make_settings(data_dir: Path, **overrides: object) -> Settings:
+    """Settings for tests: no .env file, nothing from a developer's MEMSTREAM_BROKER, free ports, fast groups."""
+    values: dict[str, object] = {
+        "data_dir": data_dir,
+        "broker": None,
+        "llm": "scripted",
+        "scripted_llm": SCRIPTED_LLM,
+        "partitions": 2,
+        "broker_session_timeout_s": 6.0,
+        "batch_wait_s": 0.1,
+        "port": free_port(),
+        "worker_web_port": free_port(),
+        "log_json": True,
+        **overrides,
+    }
+    return Settings(_env_file=None, **values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def settings(data_dir: Path) -> Settings:
+    return make_settings(data_dir)
+
+
+@pytest.fixture(scope="session")
+def settings_factory() -> Callable[..., Settings]:
+    """``make_settings(data_dir, **overrides)`` for fixtures of a wider scope than one test."""
+    return make_settings
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    """A fresh embedded broker per test (memory storage, loopback, free port)."""
+    instance = EmbeddedBroker(tmp_path / "broker")
+    asyncio.run(instance.start())
+    try:
+        yield instance
+    finally:
+        instance.stop()

@@ -1,0 +1,226 @@
+"""End to end, as `memstream up` runs it: the real embedded broker, a Faust worker process and the gateway process.
+
+The worker uses the rule-based scripted LLM (``MEMSTREAM_LLM=scripted``): the pipeline is real, only the model's
+replies are canned. Input goes in through the CLI and the gateway; the checks read the output topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from typer.testing import CliRunner
+
+from memstream.cli import app as cli
+from memstream.runtime import Stack
+from schemas.events import ChatMessage, DeadLetter, MemoryUpdate
+from services.gateway.client import GatewayClient
+from services.ingest import load_conversation
+from services.logging import configure_logging
+from services.settings import Settings
+from streams.codec import encode
+from streams.topics import TopicNames
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+CONVERSATION = [
+    {
+        "speaker": "Anna",
+        "text": "I just started my new job as a nurse at St. Mary's hospital.",
+        "time": "2024-03-02T10:00:00Z",
+    },
+    {"speaker": "Ben", "text": "Congrats! I'm still in Munich, training for the Berlin marathon."},
+    {"speaker": "Anna", "text": "I also adopted a cat called Miso last week."},
+]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, settings_factory: Callable[..., Settings]) -> Iterator[Stack]:
+    settings = settings_factory(tmp_path_factory.mktemp("e2e"), batch_wait_s=0.2)
+    running = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=60)
+    asyncio.run(running.start())
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def topics(stack: Stack) -> TopicNames:
+    return TopicNames.from_settings(stack.settings)
+
+
+def records(
+    stack: Stack, topic: str, done: Callable[[list[bytes]], bool], timeout_s: float = 30.0, drain: bool = False
+) -> list[bytes]:
+    """Values of ``topic`` from the beginning, read until ``done(values)`` or the deadline (then: fail).
+
+    ``drain``: then go on reading until a poll comes back empty, i.e. to the end of what the topic holds now.
+    """
+
+    async def read() -> list[bytes]:
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=stack.bootstrap, auto_offset_reset="earliest", group_id=None
+        )
+        await consumer.start()
+        values: list[bytes] = []
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not done(values):
+                stack.check_children()  # a dead worker fails the test now, with its log, not at the deadline
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{topic}: condition not met within {timeout_s}s; got {values[-5:]}")
+                for batch in (await consumer.getmany(timeout_ms=200)).values():
+                    values.extend(r.value or b"" for r in batch)
+            while drain and (batches := await consumer.getmany(timeout_ms=500)):
+                for batch in batches.values():
+                    values.extend(r.value or b"" for r in batch)
+        finally:
+            await consumer.stop()
+        return values
+
+    return asyncio.run(read())
+
+
+def memory_updates_for(stack: Stack, topics: TopicNames, event_ids: set[str]) -> list[MemoryUpdate]:
+    def covered(values: list[bytes]) -> bool:
+        seen = {e for v in values for e in MemoryUpdate.model_validate_json(v).source_event_ids}
+        return event_ids <= seen
+
+    values = records(stack, topics.memory_updates, covered)
+    updates = [MemoryUpdate.model_validate_json(v) for v in values]
+    return [u for u in updates if event_ids & set(u.source_event_ids)]
+
+
+def run_cli(*args: str) -> Any:
+    try:
+        result = CliRunner().invoke(cli, list(args))
+    finally:
+        # the command configured logging onto the runner's stderr, which is closed now
+        configure_logging("INFO", json=True)
+    assert result.exit_code == 0, f"{args}: {result.output}"
+    return result
+
+
+def test_a_conversation_is_memorized_and_a_question_is_answered_from_it(
+    stack: Stack, topics: TopicNames, tmp_path: Path
+) -> None:
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("\n".join(json.dumps(line) for line in CONVERSATION))
+    run_cli("ingest", str(chat), "--user", "alice", "--url", stack.url)
+
+    expected = {m.event_id for m in load_conversation(chat, "alice")}
+    updates = memory_updates_for(stack, topics, expected)
+    assert all(u.user_id == "alice" for u in updates)
+    assert sum(u.theses_added for u in updates) >= len(CONVERSATION)
+    # micro-batching: the three messages arrive together and share extraction calls
+    assert sum(u.llm_calls for u in updates) < len(CONVERSATION)
+
+    answer = json.loads(
+        run_cli("ask", "Where does Anna work now?", "--user", "alice", "--json", "--url", stack.url).stdout
+    )
+    assert answer["status"] == "answered"
+    assert "St. Mary's hospital" in answer["answer"]
+    assert any("St. Mary's hospital" in e["text"] for e in answer["evidence"])
+
+    stats = json.loads(run_cli("stats", "--user", "alice", "--json", "--url", stack.url).stdout)
+    assert stats["events"] == len(CONVERSATION)
+    assert stats["theses_valid"] >= len(CONVERSATION) and stats["theses_invalidated"] == 0
+    # another user's memory is empty: nothing leaks across tenants
+    other = GatewayClient(stack.url).ask("mallory", "Where does Anna work now?")
+    assert GatewayClient(stack.url).wait_answer(other, 30)["status"] == "no_answer"
+
+
+def test_garbage_on_the_topic_is_dead_lettered_and_the_worker_goes_on(stack: Stack, topics: TopicNames) -> None:
+    async def send_garbage() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=stack.bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topics.chat, b"\x00\x01 definitely not an event", key=b"bob")
+        finally:
+            await producer.stop()
+
+    asyncio.run(send_garbage())
+    with GatewayClient(stack.url) as client:
+        accepted = client.post_messages(
+            [
+                ChatMessage(
+                    event_id="bob-1", user_id="bob", event_time=datetime.now(UTC), speaker="Bob", text="I live in Oslo."
+                )
+            ]
+        )
+    assert accepted["event_ids"] == ["bob-1"]
+
+    def garbage_seen(values: list[bytes]) -> bool:
+        return any("definitely not an event" in DeadLetter.model_validate_json(v).payload for v in values)
+
+    letters = [DeadLetter.model_validate_json(v) for v in records(stack, topics.dead_letters, garbage_seen)]
+    letter = next(d for d in letters if "definitely not an event" in d.payload)
+    assert letter.reason == "invalid_event" and letter.source_topic == topics.chat
+    assert memory_updates_for(stack, topics, {"bob-1"})  # the next message on the same partition got through
+
+
+def test_replayed_events_change_nothing(stack: Stack, topics: TopicNames) -> None:
+    events = [
+        ChatMessage(event_id=f"carol-{n}", user_id="carol", event_time=datetime.now(UTC), speaker="Carol", text=text)
+        for n, text in enumerate(["I moved to Lisbon in May.", "My brother Tom is a pilot at TAP."])
+    ]
+    with GatewayClient(stack.url) as client:
+        client.post_messages(events)
+        memory_updates_for(stack, topics, {e.event_id for e in events})
+        before = client.stats("carol")
+        client.post_messages(events)  # the same events again, through the gateway...
+    last = asyncio.run(replay_directly(stack.bootstrap, topics.chat, events))  # ...and straight onto the topic
+    wait_committed(stack, topics.chat, last)
+
+    with GatewayClient(stack.url) as client:
+        assert client.stats("carol") == before
+
+    # every update the worker would emit for the replay is on the topic by now: it publishes before it commits
+    def carols(values: list[bytes]) -> list[MemoryUpdate]:
+        return [u for v in values if (u := MemoryUpdate.model_validate_json(v)).user_id == "carol"]
+
+    values = records(stack, topics.memory_updates, lambda v: bool(carols(v)), drain=True)
+    assert len(carols(values)) == 1  # one change set, never re-emitted
+
+
+async def replay_directly(bootstrap: str, topic: str, events: list[ChatMessage]) -> tuple[int, int]:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        metas = [await producer.send_and_wait(topic, encode(e), key=e.user_id.encode()) for e in events]
+    finally:
+        await producer.stop()
+    return metas[-1].partition, metas[-1].offset
+
+
+def wait_committed(stack: Stack, topic: str, last: tuple[int, int], timeout_s: float = 30.0) -> None:
+    """Wait until the worker group committed past ``last`` (partition, offset): it was processed and written."""
+
+    async def wait() -> None:
+        partition, offset = last
+        tp = TopicPartition(topic, partition)
+        # the admin API reads the group's offsets without joining it (a join would rebalance the worker)
+        admin = AIOKafkaAdminClient(bootstrap_servers=stack.bootstrap)
+        await admin.start()
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                offsets = await admin.list_consumer_group_offsets(stack.settings.consumer_group, partitions=[tp])
+                committed = offsets.get(tp)
+                if committed is not None and committed.offset > offset:
+                    return
+                assert time.monotonic() < deadline, f"offset {offset} of {topic}[{partition}] never committed"
+                await asyncio.sleep(0.2)
+        finally:
+            await admin.close()
+
+    asyncio.run(wait())
