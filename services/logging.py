@@ -8,6 +8,11 @@ import sys
 import structlog
 
 
+def _stderr_logger(*_args: object) -> structlog.PrintLogger:
+    # Look sys.stderr up at each use: test runners and CLIs swap it, and a captured stream may be closed later.
+    return structlog.PrintLogger(sys.stderr)
+
+
 def configure_logging(level: str = "INFO", json: bool | None = None) -> None:
     if json is None:
         json = not sys.stderr.isatty()
@@ -25,7 +30,7 @@ def configure_logging(level: str = "INFO", json: bool | None = None) -> None:
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping().get(level.upper(), 20)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
