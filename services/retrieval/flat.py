@@ -1,0 +1,68 @@
+"""Flat retrieval, the paper's baseline: no traversal, one hybrid (dense + BM25, rank-fused) search over the
+indexed triplet and thesis texts, hits turned into context triplets in rank order."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from services.domain import EdgeKind, Triplet, VertexKind
+from services.logging import get_logger
+from services.retrieval.common import GraphRetriever, Params, Scope
+
+log = get_logger(__name__)
+
+
+class FlatParams(Params):
+    mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
+    kinds: list[str] = Field(default_factory=lambda: ["triplet", "thesis"], description="indexed kinds searched")
+    overfetch: int = Field(default=3, ge=1, description="hits fetched per budget slot (invalid ones are dropped)")
+
+
+async def vertex_triplets(scope: Scope, vertex_ids: list[str]) -> dict[str, Triplet]:
+    """The triplet that shows each thesis/episode: the edge that points at it, preferring one from an object."""
+    if not vertex_ids:
+        return {}
+    wanted = set(vertex_ids)
+    out: dict[str, Triplet] = {}
+    for t in await scope.neighbors(vertex_ids, kinds=[EdgeKind.THESIS, EdgeKind.EPISODIC]):
+        if t.end.id not in wanted:
+            continue
+        prev = out.get(t.end.id)
+        if prev is None or (prev.start.kind is not VertexKind.OBJECT and t.start.kind is VertexKind.OBJECT):
+            out[t.end.id] = t
+    return out
+
+
+class Flat(GraphRetriever):
+    name = "flat"
+    params_model = FlatParams
+    # Relation-edge hits need GraphStore.get_triplets; a store without it gets vertex (thesis) hits only.
+    edge_hits = True
+
+    async def rank(self, scope: Scope, params: FlatParams) -> list[Triplet]:
+        request = scope.request
+        kinds = [
+            k
+            for k in params.kinds
+            if (k == "triplet" and self.edge_hits) or (k != "triplet" and VertexKind(k) in request.context_kinds)
+        ]
+        if not kinds:
+            return []
+        vector = None if params.mode == "lexical" else (await scope.query_vector()).tolist()
+        text = None if params.mode == "dense" else request.query
+        scope.store_calls += 1
+        hits = await scope.vectors.search(scope.user_id, kinds, vector, text, k=request.budget * params.overfetch)
+        ids = [h.id for h in hits]
+        vertices = await scope.graph.get_vertices(scope.user_id, ids)
+        shown = await vertex_triplets(scope, [i for i in ids if i in vertices])
+        edges: dict[str, Triplet] = {}
+        edge_ids = [i for i in ids if i not in vertices]
+        if edge_ids:
+            try:
+                edges = await scope.graph.get_triplets(scope.user_id, edge_ids)
+            except NotImplementedError:
+                self.edge_hits = False
+                log.warning("flat_searches_vertices_only", reason="the store has no get_triplets")
+        return [t for i in ids if (t := shown.get(i) or edges.get(i)) is not None]

@@ -1,0 +1,363 @@
+"""Retrievers on small hand-built graphs with known answers, in the real SQLite store.
+
+Most graphs use hand-made unit vectors, so every similarity is exact: the query is the unit vector e0 and an item
+"with similarity s" is ``s*e0 + sqrt(1-s^2)*r``, r a random unit vector orthogonal to e0 (in 64 dimensions two
+such items are nearly orthogonal, so no accidental aliases). One test uses the real MiniLM embedder.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from services.adapters.minilm import MiniLMEmbedder
+from services.adapters.sqlite import SqliteMemoryStore
+from services.domain import ChangeSet, Edge, EdgeKind, Invalidation, Triplet, Vertex, VertexKind
+from services.ids import edge_id, episode_id, object_id, thesis_id
+from services.ports import VectorItem
+from services.retrieval.base import RetrievalRequest, Retriever
+from services.retrieval.mixture import Mixture
+from services.retrieval.registry import available, get_retriever
+
+DIM = 64
+QUERY = [1.0] + [0.0] * (DIM - 1)
+ALL = ["beamsearch", "watercircles", "astar", "flat", "tog2", "pgraphrag", "mixture"]
+
+
+class Graph:
+    """Builds one user's change set and vectors with chosen similarities to QUERY."""
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+        self.vertices: dict[str, Vertex] = {}
+        self.edges: dict[str, Edge] = {}
+        self.items: list[VectorItem] = []
+        self._rng = np.random.default_rng(sum(map(ord, user)))
+
+    def vec(self, sim: float) -> list[float]:
+        noise = self._rng.normal(size=DIM)
+        noise[0] = 0.0
+        v = math.sqrt(1 - sim * sim) * noise / np.linalg.norm(noise)
+        v[0] = sim
+        return v.tolist()
+
+    def obj(self, name: str, sim: float = 0.0) -> str:
+        vid = object_id(self.user, name)
+        if vid not in self.vertices:
+            self.vertices[vid] = Vertex(id=vid, user_id=self.user, kind=VertexKind.OBJECT, name=name)
+            self.items.append(VectorItem(id=vid, kind="object", text=name, vector=self.vec(sim)))
+        return vid
+
+    def rel(self, subject: str, relation: str, obj: str, sim: float, thesis: bool = False) -> str:
+        s, o = self.obj(subject), self.obj(obj)
+        eid = edge_id(self.user, "relation", s, relation, o)
+        self.edges[eid] = Edge(id=eid, user_id=self.user, kind=EdgeKind.RELATION, source=s, target=o, relation=relation)
+        self.items.append(VectorItem(id=eid, kind="triplet", text=f"{subject} {relation} {obj}", vector=self.vec(sim)))
+        if thesis:
+            self.thesis(f"{subject} {relation} {obj}", [subject, obj], sim)
+        return eid
+
+    def thesis(self, text: str, about: list[str], sim: float, **times: datetime) -> str:
+        tid = thesis_id(self.user, text)
+        self.vertices[tid] = Vertex(id=tid, user_id=self.user, kind=VertexKind.THESIS, name=text, **times)
+        self.items.append(VectorItem(id=tid, kind="thesis", text=text, vector=self.vec(sim)))
+        for name in about:
+            o = self.obj(name)
+            eid = edge_id(self.user, "thesis", o, "thesis", tid)
+            self.edges[eid] = Edge(
+                id=eid, user_id=self.user, kind=EdgeKind.THESIS, source=o, target=tid, relation="thesis"
+            )
+        return tid
+
+    def episode(self, text: str, about: list[str], sim: float) -> str:
+        eid = episode_id(self.user, text)
+        self.vertices[eid] = Vertex(id=eid, user_id=self.user, kind=VertexKind.EPISODIC, name=text)
+        self.items.append(VectorItem(id=eid, kind="episodic", text=text, vector=self.vec(sim)))
+        for name in about:
+            o = self.obj(name)
+            xid = edge_id(self.user, "episodic", o, "episodic", eid)
+            self.edges[xid] = Edge(
+                id=xid, user_id=self.user, kind=EdgeKind.EPISODIC, source=o, target=eid, relation="episodic"
+            )
+        return eid
+
+    async def save(self, store: SqliteMemoryStore) -> None:
+        change = ChangeSet(
+            id=f"c_{self.user}",
+            user_id=self.user,
+            event_ids=[f"build-{self.user}"],
+            vertices=list(self.vertices.values()),
+            edges=list(self.edges.values()),
+        )
+        await store.apply(change, self.items)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteMemoryStore]:
+    s = await SqliteMemoryStore.open(tmp_path / "memory.sqlite3", dim=DIM)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def request(user: str, seeds: list[str], budget: int = 20, query: str = "zzz", **kw: Any) -> RetrievalRequest:
+    return RetrievalRequest(user_id=user, query=query, query_vector=QUERY, seeds=seeds, budget=budget, **kw)
+
+
+def texts(triplets: list[Triplet]) -> list[str]:
+    return [t.text for t in triplets]
+
+
+async def chain_graph(store: SqliteMemoryStore) -> Graph:
+    """Seed A; the answer is two hops away (A -> B -> C, both edges moderately like the query); six unrelated
+    facts are very like the query; A's other neighbours are not."""
+    g = Graph("alice")
+    g.rel("A", "mother", "B", 0.5, thesis=True)
+    g.rel("B", "died on", "C", 0.45, thesis=True)
+    for i in range(6):
+        g.rel(f"D{i}", "died on", f"E{i}", 0.9, thesis=True)
+    for i in range(3):
+        g.rel("A", f"likes{i}", f"F{i}", 0.1, thesis=True)
+    await g.save(store)
+    return g
+
+
+@pytest.mark.parametrize("name", ["beamsearch", "watercircles", "tog2"])
+async def test_two_hop_chain_found_by_walks_missed_by_flat(store: SqliteMemoryStore, name: str) -> None:
+    g = await chain_graph(store)
+    req = request("alice", [g.obj("A")], budget=4)
+    flat = texts(await get_retriever("flat", store, store).retrieve(req))
+    walk = texts(await get_retriever(name, store, store).retrieve(req))
+    assert "B died on C" not in flat
+    assert "A mother B" in walk
+    assert "B died on C" in walk
+    assert walk.index("A mother B") < 2, walk  # best first
+
+
+async def test_beamsearch_prefers_similar_edges(store: SqliteMemoryStore) -> None:
+    """Cost is -log(sim): the most query-like first hop ranks first, never the least (the authors' inversion)."""
+    g = Graph("alice")
+    for sim in (0.2, 0.9, 0.5):
+        g.rel("A", f"r{sim}", f"X{sim}", sim)
+    await g.save(store)
+    got = texts(await get_retriever("beamsearch", store, store, depth=1).retrieve(request("alice", [g.obj("A")])))
+    assert got == ["A r0.9 X0.9", "A r0.5 X0.5", "A r0.2 X0.2"]
+
+
+async def test_watercircles_ranks_meeting_chains_first(store: SqliteMemoryStore) -> None:
+    g = Graph("alice")
+    g.rel("P", "directed by", "M", 0.2)
+    g.rel("Q", "directed by", "M", 0.2)  # P and Q meet at M
+    for i in range(5):
+        g.rel("P", f"about{i}", f"N{i}", 0.8)  # more query-like, but no meeting
+    await g.save(store)
+    got = texts(await get_retriever("watercircles", store, store).retrieve(request("alice", [g.obj("P"), g.obj("Q")])))
+    assert set(got[:2]) == {"P directed by M", "Q directed by M"}
+
+
+async def test_astar_returns_the_path_between_seeds(store: SqliteMemoryStore) -> None:
+    g = Graph("alice")
+    g.rel("A", "r1", "B", 0.3)
+    g.rel("B", "r2", "C", 0.3)
+    g.rel("Z", "r3", "C", 0.3)  # edge direction does not matter for a walk
+    for i in range(4):
+        g.rel("A", f"x{i}", f"Y{i}", 0.3)  # dead ends
+        g.rel("B", f"w{i}", f"V{i}", 0.3)
+    await g.save(store)
+    got = texts(await get_retriever("astar", store, store).retrieve(request("alice", [g.obj("A"), g.obj("Z")])))
+    assert got == ["A r1 B", "B r2 C", "Z r3 C"]
+
+
+async def test_astar_falls_back_to_the_closest_reached_vertex(store: SqliteMemoryStore) -> None:
+    g = Graph("alice")
+    g.rel("A", "r1", "B", 0.3)
+    g.obj("Z")  # unreachable
+    await g.save(store)
+    got = texts(await get_retriever("astar", store, store).retrieve(request("alice", [g.obj("A"), g.obj("Z")])))
+    assert got == ["A r1 B"]
+
+
+async def as_of_graph(store: SqliteMemoryStore) -> Graph:
+    g = Graph("alice")
+    old = g.thesis("Alice lives in Paris", ["Alice", "Paris"], 0.8, t_valid=datetime(2020, 1, 1, tzinfo=UTC))
+    new = g.thesis("Alice lives in Berlin", ["Alice", "Berlin"], 0.7, t_valid=datetime(2023, 1, 1, tzinfo=UTC))
+    g.rel("Alice", "works at", "Acme", 0.5)
+    await g.save(store)
+    moved = datetime(2023, 1, 1, tzinfo=UTC)
+    inv = Invalidation(thesis_id=old, invalidated_by=new, t_invalid=moved, t_expired=moved)
+    await store.apply(ChangeSet(id="c_inv", user_id="alice", event_ids=["inv"], invalidations=[inv]), [])
+    return g
+
+
+def mentions(triplets: list[Triplet], city: str) -> bool:
+    return any(city in t.text for t in triplets)
+
+
+@pytest.mark.parametrize("name", ["beamsearch", "watercircles", "flat", "pgraphrag"])
+async def test_as_of_keeps_the_theses_valid_then(store: SqliteMemoryStore, name: str) -> None:
+    g = await as_of_graph(store)
+    retriever = get_retriever(name, store, store)
+    now = await retriever.retrieve(request("alice", [g.obj("Alice")]))
+    then = await retriever.retrieve(request("alice", [g.obj("Alice")], as_of=datetime(2021, 6, 1, tzinfo=UTC)))
+    assert mentions(now, "Berlin") and not mentions(now, "Paris")
+    assert mentions(then, "Paris") and not mentions(then, "Berlin")
+
+
+@pytest.mark.parametrize("name", ALL)
+async def test_invalidated_theses_never_returned(store: SqliteMemoryStore, name: str) -> None:
+    g = await as_of_graph(store)
+    got = await get_retriever(name, store, store).retrieve(request("alice", [g.obj("Alice"), g.obj("Acme")]))
+    assert not mentions(got, "Paris")
+
+
+@pytest.mark.parametrize("name", ALL)
+async def test_user_isolation(store: SqliteMemoryStore, name: str) -> None:
+    alice, bob = Graph("alice"), Graph("bob")
+    for g in (alice, bob):
+        g.rel("Shared Name", "knows", "Friend", 0.6, thesis=True)
+        g.rel("Friend", "lives in", "Town", 0.6, thesis=True)
+    bob.rel("Shared Name", "secret", "Bob Secret", 0.99, thesis=True)
+    bob.rel("Friend", "secret", "Bob Secret 2", 0.99, thesis=True)
+    await alice.save(store)
+    await bob.save(store)
+    retriever = get_retriever(name, store, store)
+    got = await retriever.retrieve(request("alice", [alice.obj("Shared Name"), alice.obj("Town")], query="secret"))
+    assert got, "alice's own graph answers"
+    for t in got:
+        assert {t.edge.user_id, t.start.user_id, t.end.user_id} == {"alice"}
+    # bob's vertex ids as seeds give alice nothing of bob's
+    stolen = await retriever.retrieve(request("alice", [bob.obj("Shared Name")], query="secret"))
+    assert all(t.edge.user_id == "alice" for t in stolen)
+    assert not any("Secret" in t.text for t in stolen)
+
+
+@pytest.mark.parametrize("name", [*ALL, "beamsearch+flat"])
+async def test_budget_and_dedup(store: SqliteMemoryStore, name: str) -> None:
+    g = Graph("alice")
+    for i in range(30):
+        g.rel("Hub", f"r{i}", f"Leaf{i}", 0.3 + i / 100, thesis=True)
+        g.rel(f"Leaf{i}", "next", f"Far{i}", 0.5, thesis=True)
+    await g.save(store)
+    got = await get_retriever(name, store, store).retrieve(request("alice", [g.obj("Hub"), g.obj("Leaf3")], budget=5))
+    assert 0 < len(got) <= 5
+    assert len({t.edge.id for t in got}) == len(got)
+    assert len({t.text for t in got}) == len(got)  # a thesis and its twin edge are one statement
+
+
+async def test_episodes_only_when_asked(store: SqliteMemoryStore) -> None:
+    g = Graph("alice")
+    g.rel("Alice", "owns", "Dog", 0.4)
+    g.episode("Alice: my dog barked all night", ["Alice", "Dog"], 0.9)
+    await g.save(store)
+    retriever = get_retriever("beamsearch", store, store)
+    default = await retriever.retrieve(request("alice", [g.obj("Alice")]))
+    wide = await retriever.retrieve(
+        request("alice", [g.obj("Alice")], context_kinds=frozenset(VertexKind))  # every kind
+    )
+    assert not any(t.end.kind is VertexKind.EPISODIC for t in default)
+    assert any(t.end.kind is VertexKind.EPISODIC for t in wide)
+
+
+async def test_aliases_bridge_a_split_entity(store: SqliteMemoryStore) -> None:
+    """'Henri Lepage' and 'Henri Lepage (director)' are one person stored under two names."""
+    g = Graph("alice")
+    g.rel("Sins of Madeleine", "director", "Henri Lepage", 0.5)
+    g.rel("Henri Lepage (director)", "date of birth", "12 February 1898", 0.5)
+    same = g.vec(0.1)
+    for name in ("Henri Lepage", "Henri Lepage (director)"):
+        g.items = [i for i in g.items if i.id != g.obj(name)]
+        g.items.append(VectorItem(id=g.obj(name), kind="object", text=name, vector=same))
+    await g.save(store)
+    req = request("alice", [g.obj("Sins of Madeleine")])
+    for name in ("beamsearch", "watercircles", "tog2"):
+        got = texts(await get_retriever(name, store, store).retrieve(req))
+        assert "Henri Lepage (director) date of birth 12 February 1898" in got, name
+    off = texts(await get_retriever("beamsearch", store, store, aliases=0).retrieve(req))
+    assert off == ["Sins of Madeleine director Henri Lepage"]
+
+
+async def pgraph(store: SqliteMemoryStore) -> None:
+    alice, public, bob = Graph("alice"), Graph("public-reviews"), Graph("bob")
+    alice.thesis("I loved the Moka Pot, strong coffee", ["Moka Pot"], 0.8)
+    public.thesis("Moka Pot review: great espresso-like coffee", ["Moka Pot"], 0.7)
+    public.thesis("Kettle review: boils fast", ["Kettle"], 0.9)  # an item alice never reviewed
+    bob.thesis("Moka Pot: leaked after a week", ["Moka Pot"], 0.95)
+    for g in (alice, public, bob):
+        await g.save(store)
+
+
+async def test_pgraphrag_reads_only_the_allowlisted_shared_tenant(store: SqliteMemoryStore) -> None:
+    await pgraph(store)
+    seeds = [object_id("alice", "Moka Pot")]
+    both = get_retriever("pgraphrag", store, store, shared_tenants=["public-reviews"])
+    got = await both.retrieve(request("alice", seeds))
+    assert texts(got) == ["I loved the Moka Pot, strong coffee", "Moka Pot review: great espresso-like coffee"]
+    assert {t.edge.user_id for t in got} == {"alice", "public-reviews"}
+    user_only = get_retriever("pgraphrag_user", store, store, shared_tenants=["public-reviews"])
+    assert texts(await user_only.retrieve(request("alice", seeds))) == ["I loved the Moka Pot, strong coffee"]
+    neighbour = get_retriever("pgraphrag_neighbor", store, store, shared_tenants=["public-reviews"])
+    assert texts(await neighbour.retrieve(request("alice", seeds))) == ["Moka Pot review: great espresso-like coffee"]
+    # no allowlist: no neighbours; another user's id is refused outright
+    assert texts(await get_retriever("pgraphrag", store, store).retrieve(request("alice", seeds))) == [
+        "I loved the Moka Pot, strong coffee"
+    ]
+    with pytest.raises(PermissionError):
+        await both.retrieve(request("alice", seeds, params={"shared_user_id": "bob"}))
+
+
+def test_registry() -> None:
+    store = object()
+    for name in available():
+        assert isinstance(get_retriever(name, store, store), Retriever)  # type: ignore[arg-type]
+    mixed = get_retriever("beamsearch+watercircles", store, store, beam_width=4, width=7)  # type: ignore[arg-type]
+    assert isinstance(mixed, Mixture) and mixed.name == "beamsearch+watercircles"
+    with pytest.raises(ValueError, match="unknown retriever"):
+        get_retriever("dijkstra", store, store)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        get_retriever("beamsearch", store, store, bogus=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="takes"):
+        get_retriever("beamsearch+flat", store, store, bogus=1)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> MiniLMEmbedder:
+    return MiniLMEmbedder(intra_op_threads=1)
+
+
+async def test_two_hop_chain_with_the_real_embedder(tmp_path: Path, minilm: MiniLMEmbedder) -> None:
+    facts = [
+        ("Lothair II", "mother", "Ermengarde of Tours"),
+        ("Ermengarde of Tours", "date of death", "20 March 851"),
+        ("Lothair I", "date of death", "29 September 855"),
+        ("Lothair III", "date of death", "4 December 1137"),
+        ("Louis the Pious", "date of death", "20 June 840"),
+        ("Lothair II", "spouse", "Teutberga"),
+        ("Lothair II", "country of citizenship", "Lotharingia"),
+        ("Pepin of Italy", "date of death", "8 July 810"),
+        ("Lothair I", "mother", "Ermengarde of Hesbaye"),
+    ]
+    g = Graph("alice")
+    names = sorted({n for s, _, o in facts for n in (s, o)})
+    statements = [f"{s} {r} {o}" for s, r, o in facts]
+    vecs = await minilm.embed(names + statements)
+    by_text = dict(zip(names + statements, vecs, strict=True))
+    for s, r, o in facts:
+        g.rel(s, r, o, 0.0, thesis=True)
+    g.items = [i.model_copy(update={"vector": by_text[i.text]}) for i in g.items]
+    async with await SqliteMemoryStore.open(tmp_path / "m.sqlite3", dim=minilm.dim) as store:
+        await g.save(store)
+        query = "When did Lothair II's mother die?"
+        req = RetrievalRequest(user_id="alice", query=query, seeds=[g.obj("Lothair II")], budget=3)
+        flat = texts(await get_retriever("flat", store, store, minilm).retrieve(req))
+        assert "Ermengarde of Tours date of death 20 March 851" not in flat
+        for name in ("beamsearch", "watercircles"):
+            got = texts(await get_retriever(name, store, store, minilm).retrieve(req))
+            assert "Lothair II mother Ermengarde of Tours" in got, (name, got)
+            assert "Ermengarde of Tours date of death 20 March 851" in got, (name, got)
