@@ -54,10 +54,9 @@ class GraphStore(ABC):
     ) -> list[Triplet]:
         """One hop, both directions, for a whole frontier in one round trip. Triplets keep the edge direction."""
 
+    @abstractmethod
     async def get_triplets(self, user_id: str, edge_ids: Sequence[str]) -> dict[str, Triplet]:
-        """Edges by id with both ends (turns "triplet" vector hits into context). Optional: an adapter that lacks it
-        raises NotImplementedError and callers fall back to vertex hits."""
-        raise NotImplementedError
+        """Edges by id with both ends (turns "triplet" vector hits into context)."""
 
     @abstractmethod
     async def valid_theses(

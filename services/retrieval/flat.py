@@ -38,15 +38,13 @@ async def vertex_triplets(scope: Scope, vertex_ids: list[str]) -> dict[str, Trip
 class Flat(GraphRetriever):
     name = "flat"
     params_model = FlatParams
-    # Relation-edge hits need GraphStore.get_triplets; a store without it gets vertex (thesis) hits only.
-    edge_hits = True
 
     async def rank(self, scope: Scope, params: FlatParams) -> list[Triplet]:
         request = scope.request
         kinds = [
             k
             for k in params.kinds
-            if (k == "triplet" and self.edge_hits) or (k != "triplet" and VertexKind(k) in request.context_kinds)
+            if k == "triplet" or VertexKind(k) in request.context_kinds
         ]
         if not kinds:
             return []
@@ -57,12 +55,5 @@ class Flat(GraphRetriever):
         ids = [h.id for h in hits]
         vertices = await scope.graph.get_vertices(scope.user_id, ids)
         shown = await vertex_triplets(scope, [i for i in ids if i in vertices])
-        edges: dict[str, Triplet] = {}
-        edge_ids = [i for i in ids if i not in vertices]
-        if edge_ids:
-            try:
-                edges = await scope.graph.get_triplets(scope.user_id, edge_ids)
-            except NotImplementedError:
-                self.edge_hits = False
-                log.warning("flat_searches_vertices_only", reason="the store has no get_triplets")
+        edges = await scope.graph.get_triplets(scope.user_id, [i for i in ids if i not in vertices])
         return [t for i in ids if (t := shown.get(i) or edges.get(i)) is not None]

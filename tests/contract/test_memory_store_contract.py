@@ -219,6 +219,19 @@ async def test_neighbors_both_directions_keep_edge_direction(memory_store: Memor
     assert (outgoing.start.id, outgoing.end.id) == (alice.id["paris"], alice.id["t_paris"])
 
 
+async def test_get_triplets_by_edge_id_is_scoped_to_the_user(
+    memory_store: MemoryStore, alice: World, bob: World
+) -> None:
+    await load(memory_store, alice)
+    await load(memory_store, bob)
+    wanted = [alice.id["lives_paris"], alice.id["p_tp"], "missing"]
+    found = await memory_store.get_triplets("alice", wanted)
+    assert set(found) == {alice.id["lives_paris"], alice.id["p_tp"]}
+    assert found[alice.id["lives_paris"]].text == "Alice lives in Paris"
+    assert await memory_store.get_triplets("bob", [alice.id["lives_paris"]]) == {}
+    assert await memory_store.get_triplets("alice", []) == {}
+
+
 async def test_neighbors_of_a_frontier_in_one_call(memory_store: MemoryStore, alice: World) -> None:
     await load(memory_store, alice)
     triplets = await memory_store.neighbors("alice", [alice.id["paris"], alice.id["alice"], alice.id["t_paris"]])

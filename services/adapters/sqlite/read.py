@@ -87,6 +87,21 @@ def neighbors(
     return list(triplets.values())
 
 
+def get_triplets(conn: apsw.Connection, user_id: str, edge_ids: Sequence[str]) -> dict[str, Triplet]:
+    sql = f"""
+        SELECT {_prefixed(EDGE_COLUMNS, "e")}, {_prefixed(VERTEX_COLUMNS, "s")}, {_prefixed(VERTEX_COLUMNS, "t")}
+        FROM edges e
+        JOIN vertices s ON s.user_id = e.user_id AND s.id = e.source
+        JOIN vertices t ON t.user_id = e.user_id AND t.id = e.target
+        WHERE e.user_id = ? AND e.id IN {_IN_LIST}
+    """
+    start, end = N_EDGE_COLUMNS, N_EDGE_COLUMNS + N_VERTEX_COLUMNS
+    return {
+        row[0]: Triplet(start=row_vertex(row[start:end]), edge=row_edge(row[:start]), end=row_vertex(row[end:]))
+        for row in conn.execute(sql, (user_id, json_list(edge_ids)))
+    }
+
+
 def valid_theses(conn: apsw.Connection, user_id: str, about: Sequence[str] | None, limit: int) -> list[Vertex]:
     if about is None:
         rows = conn.execute(

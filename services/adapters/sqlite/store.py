@@ -151,6 +151,11 @@ class SqliteMemoryStore(MemoryStore, KeyValueCache):
         kinds = None if edge_kinds is None else list(edge_kinds)
         return await self._read("neighbors", read.neighbors, user_id, list(vertex_ids), kinds, limit_per_vertex)
 
+    async def get_triplets(self, user_id: str, edge_ids: Sequence[str]) -> dict[str, Triplet]:
+        if not edge_ids:
+            return {}
+        return await self._read("get_triplets", read.get_triplets, user_id, list(edge_ids))
+
     async def valid_theses(self, user_id: str, about: Sequence[str] | None = None, limit: int = 50) -> list[Vertex]:
         objects = None if about is None else list(about)
         return await self._read("valid_theses", read.valid_theses, user_id, objects, limit)
