@@ -1,0 +1,216 @@
+"""The local LLM: llama.cpp's server engine in-process (``xllamacpp``), with JSON-schema constrained output.
+
+One engine (loaded model) per model file per process, shared by every ``LlamaCppLLM`` that names that file.
+Calls run in worker threads (xllamacpp releases the GIL while it generates) and stream internally, so a cancelled
+caller, e.g. a timeout, stops the generation at the next token instead of leaving the model busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xllamacpp
+
+from services.logging import get_logger
+from services.ports import LLM, LLMRequest, LLMResponse
+
+log = get_logger(__name__)
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_THINK_OPEN = re.compile(r"<think>.*\Z", re.DOTALL | re.IGNORECASE)
+
+
+class LlamaCppError(RuntimeError):
+    """The engine rejected the request (bad schema, prompt longer than the context) or failed to load."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: Path
+    n_ctx: int = 8192  # context per parallel slot
+    n_parallel: int = 1  # requests decoded together; more queue inside the engine
+    n_threads: int | None = None  # None: llama.cpp's default
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    finish_reason: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    error: str | None = None
+    chunks: int = 0
+    cancelled: bool = False
+
+
+def strip_think(text: str) -> str:
+    """Drop reasoning blocks, including one cut off by the token limit, so only the answer remains."""
+    return _THINK_OPEN.sub("", _THINK_BLOCK.sub("", text)).strip()
+
+
+class Engine:
+    """One loaded model. Thread-safe: the embedded server queues requests from any number of threads."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        params = xllamacpp.CommonParams()
+        params.model.path = str(config.model_path)
+        # The server splits n_ctx over its slots; give every slot the full context asked for.
+        params.n_ctx = config.n_ctx * config.n_parallel
+        params.n_parallel = config.n_parallel
+        if config.n_threads:
+            params.cpuparams.n_threads = config.n_threads
+            params.cpuparams_batch.n_threads = config.n_threads
+        params.verbosity = -1  # llama.cpp logs to stderr on its own; our structlog lines say what matters
+        started = time.perf_counter()
+        try:
+            self.server = xllamacpp.Server(params)
+        except Exception as exc:
+            raise LlamaCppError(f"cannot load {config.model_path}: {exc}") from exc
+        self.load_s = time.perf_counter() - started
+        self.completed = 0
+        self.cancelled = 0  # generations stopped early because their caller went away
+        self._count_lock = threading.Lock()
+        log.info("llm_loaded", path=str(config.model_path), load_s=round(self.load_s, 2), slots=config.n_parallel)
+
+    def chat(self, payload: dict[str, Any], cancel: threading.Event | None = None) -> Completion:
+        """Run one chat completion (blocking). Streams internally so ``cancel`` can stop it between tokens."""
+        result = Completion()
+        pieces: list[str] = []
+
+        def on_chunk(chunk: Any) -> bool:
+            # Called from inside the engine: never raise here, record and ask it to stop instead.
+            try:
+                result.chunks += 1
+                if not isinstance(chunk, dict):
+                    result.error = f"unexpected chunk {type(chunk).__name__}"
+                    return True
+                if "error" in chunk:
+                    error = chunk["error"]
+                    result.error = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+                    return True
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    # reasoning_content (a parsed think block) is deliberately ignored: only the answer counts
+                    if delta.get("content"):
+                        pieces.append(delta["content"])
+                    if choice.get("finish_reason"):
+                        result.finish_reason = choice["finish_reason"]
+                usage = chunk.get("usage")
+                if usage:
+                    result.tokens_in = int(usage.get("prompt_tokens", 0))
+                    result.tokens_out = int(usage.get("completion_tokens", 0))
+                if cancel is not None and cancel.is_set():
+                    result.cancelled = True
+                    return True
+                return False
+            except Exception as exc:
+                result.error = f"bad chunk: {exc!r}"
+                return True
+
+        request = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            returned = self.server.handle_chat_completions(request, on_chunk)
+        except Exception as exc:  # xllamacpp raises ValueError for requests it cannot serve
+            raise LlamaCppError(str(exc)) from exc
+        if isinstance(returned, dict) and "error" in returned:
+            on_chunk(returned)
+        if result.error is not None:
+            raise LlamaCppError(result.error)
+        result.text = strip_think("".join(pieces))
+        if result.cancelled:
+            result.finish_reason = "cancelled"
+        with self._count_lock:
+            self.completed += 1
+            self.cancelled += int(result.cancelled)
+        return result
+
+
+_engines: dict[Path, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def get_engine(config: EngineConfig) -> Engine:
+    """The process-wide engine for this model file, loading it on first use (blocking)."""
+    path = config.model_path.resolve()
+    with _engines_lock:
+        engine = _engines.get(path)
+        if engine is None:
+            engine = Engine(EngineConfig(path, config.n_ctx, config.n_parallel, config.n_threads))
+            _engines[path] = engine
+        elif (engine.config.n_ctx, engine.config.n_parallel, engine.config.n_threads) != (
+            config.n_ctx,
+            config.n_parallel,
+            config.n_threads,
+        ):
+            log.warning("llm_engine_reused", path=str(path), loaded=str(engine.config), asked=str(config))
+        return engine
+
+
+def unload_all() -> None:
+    """Drop every loaded engine (the models are freed once no call still uses them)."""
+    with _engines_lock:
+        _engines.clear()
+
+
+class LlamaCppLLM(LLM):
+    """The ``LLM`` port on a local GGUF model. Greedy by default (temperature 0, fixed seed)."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        model: str | None = None,
+        n_ctx: int = 8192,
+        n_parallel: int = 1,
+        n_threads: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.config = EngineConfig(Path(model_path), n_ctx, max(1, n_parallel), n_threads)
+        self.model = model or Path(model_path).stem
+        self.seed = seed
+        self._engine: Engine | None = None
+
+    async def load(self) -> Engine:
+        """Load (or reuse) the model without blocking the event loop."""
+        if self._engine is None:
+            self._engine = await asyncio.to_thread(get_engine, self.config)
+        return self._engine
+
+    def payload(self, request: LLMRequest) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "seed": self.seed,
+            # Qwen3-style templates think unless told not to; others ignore the flag.
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+        if request.json_schema is not None:
+            payload["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": request.json_schema, "strict": True},
+            }
+        return payload
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        engine = await self.load()
+        cancel = threading.Event()
+        try:
+            done = await asyncio.to_thread(engine.chat, self.payload(request), cancel)
+        finally:
+            # If this coroutine was cancelled (timeout, shutdown), the thread is still generating: stop it.
+            cancel.set()
+        return LLMResponse(
+            text=done.text,
+            model=self.model,
+            tokens_in=done.tokens_in,
+            tokens_out=done.tokens_out,
+            finish_reason=done.finish_reason,
+        )

@@ -1,0 +1,251 @@
+"""Composable LLM layers: each wraps an ``LLM`` and is one itself, adding one concern.
+
+``build_llm`` stacks them as Metered(Cached(Limited(Retrying(adapter)))): every call is metered, a cache hit
+answers without taking a concurrency slot, and retries (with their timeouts) happen inside the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+from pydantic import ValidationError
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from services.logging import get_logger
+from services.metrics import LLM_CACHE, LLM_CALLS, LLM_LATENCY, LLM_TOKENS
+from services.ports import LLM, KeyValueCache, LLMRequest, LLMResponse
+
+log = get_logger(__name__)
+
+LLM_RETRIES = Counter("memstream_llm_retries_total", "LLM calls retried after a transport error", ["model", "task"])
+
+#: Failures worth another attempt: the model was unreachable or slow, not wrong.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
+
+
+class LLMLayer(LLM):
+    """A layer that delegates to ``inner``; subclasses override ``complete``."""
+
+    def __init__(self, inner: LLM) -> None:
+        self.inner = inner
+        self.model = inner.model
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        return await self.inner.complete(request)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def cache_key(model: str, request: LLMRequest) -> str:
+    """What determines the answer: model, messages, schema, token limit, temperature (not task or metadata)."""
+    payload = {
+        "model": model,
+        "messages": [[m.role, m.content] for m in request.messages],
+        "json_schema": request.json_schema,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+    }
+    encoded = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "llm:" + hashlib.sha256(encoded.encode()).hexdigest()
+
+
+class CachedLLM(LLMLayer):
+    """Answers repeated requests from a ``KeyValueCache``; hits come back with ``cached=True``."""
+
+    def __init__(self, inner: LLM, cache: KeyValueCache) -> None:
+        super().__init__(inner)
+        self.cache = cache
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        key = cache_key(self.inner.model, request)
+        stored = await self.cache.get(key)
+        if stored is not None:
+            try:
+                hit = LLMResponse.model_validate_json(stored)
+            except ValidationError:
+                log.warning("llm_cache_corrupt", task=request.task, key=key)
+            else:
+                LLM_CACHE.labels(request.task, "hit").inc()
+                return hit.model_copy(update={"cached": True})
+        LLM_CACHE.labels(request.task, "miss").inc()
+        response = await self.inner.complete(request)
+        if response.finish_reason != "cancelled":
+            await self.cache.put(key, response.model_copy(update={"cached": False}).model_dump_json())
+        return response
+
+
+class RetryingLLM(LLMLayer):
+    """Retries transport failures and timeouts with jittered exponential backoff.
+
+    Bad output is not retried here: ``services.llm.task.run_task`` does that, telling the model what was wrong.
+    """
+
+    def __init__(
+        self,
+        inner: LLM,
+        attempts: int = 3,
+        timeout_s: float | None = None,
+        *,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+    ) -> None:
+        super().__init__(inner)
+        self.attempts = max(1, attempts)
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        def before_sleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            LLM_RETRIES.labels(self.model, request.task).inc()
+            log.warning(
+                "llm_retry",
+                task=request.task,
+                model=self.model,
+                attempt=state.attempt_number,
+                error=repr(error),
+                wait_s=round(state.upcoming_sleep, 2),
+            )
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s) + wait_random(0, self.backoff_s),
+            retry=retry_if_exception_type(TRANSIENT_ERRORS),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                async with asyncio.timeout(self.timeout_s):
+                    return await self.inner.complete(request)
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+class LimitedLLM(LLMLayer):
+    """At most ``max_concurrency`` calls in flight; the others wait their turn."""
+
+    def __init__(self, inner: LLM, max_concurrency: int) -> None:
+        super().__init__(inner)
+        self.max_concurrency = max(1, max_concurrency)
+        self._slots = asyncio.Semaphore(self.max_concurrency)
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        async with self._slots:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                return await self.inner.complete(request)
+            finally:
+                self.in_flight -= 1
+
+
+@dataclass
+class Usage:
+    """Running totals; tokens and seconds count model work only, so cache hits add nothing to them."""
+
+    calls: int = 0  # completed calls, cached ones included
+    cached: int = 0
+    errors: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    seconds: float = 0.0
+
+    def add(self, response: LLMResponse, seconds: float) -> None:
+        self.calls += 1
+        if response.cached:
+            self.cached += 1
+            return
+        self.tokens_in += response.tokens_in
+        self.tokens_out += response.tokens_out
+        self.seconds += seconds
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_in + self.tokens_out
+
+
+class MeteredLLM(LLMLayer):
+    """Prometheus metrics and one structlog line per call, plus running totals (``usage``, ``by_task``)."""
+
+    def __init__(self, inner: LLM) -> None:
+        super().__init__(inner)
+        self.usage = Usage()
+        self.by_task: defaultdict[str, Usage] = defaultdict(Usage)
+
+    @property
+    def calls(self) -> int:
+        return self.usage.calls
+
+    @property
+    def tokens(self) -> int:
+        return self.usage.tokens
+
+    def reset(self) -> None:
+        self.usage = Usage()
+        self.by_task.clear()
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        task = request.task
+        started = time.perf_counter()
+        try:
+            response = await self.inner.complete(request)
+        except BaseException as exc:
+            elapsed = time.perf_counter() - started
+            outcome = "cancelled" if isinstance(exc, asyncio.CancelledError) else "error"
+            LLM_CALLS.labels(self.model, task, outcome).inc()
+            self.usage.errors += 1
+            self.by_task[task].errors += 1
+            log.warning("llm_call_failed", task=task, model=self.model, ms=round(elapsed * 1000), error=repr(exc))
+            raise
+        elapsed = time.perf_counter() - started
+        model = response.model or self.model
+        self.usage.add(response, elapsed)
+        self.by_task[task].add(response, elapsed)
+        if response.cached:
+            LLM_CALLS.labels(model, task, "cached").inc()
+        else:
+            LLM_CALLS.labels(model, task, "ok").inc()
+            LLM_TOKENS.labels(model, task, "in").inc(response.tokens_in)
+            LLM_TOKENS.labels(model, task, "out").inc(response.tokens_out)
+            LLM_LATENCY.labels(model, task).observe(elapsed)
+        log.info(
+            "llm_call",
+            task=task,
+            model=model,
+            tokens_in=response.tokens_in,
+            tokens_out=response.tokens_out,
+            ms=round(elapsed * 1000),
+            cached=response.cached,
+            finish_reason=response.finish_reason,
+        )
+        return response
+
+
+__all__ = [
+    "LLM_RETRIES",
+    "TRANSIENT_ERRORS",
+    "CachedLLM",
+    "LLMLayer",
+    "LimitedLLM",
+    "MeteredLLM",
+    "RetryingLLM",
+    "Usage",
+    "cache_key",
+]

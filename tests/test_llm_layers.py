@@ -1,0 +1,259 @@
+"""LLM layers and the factory's stack, on the scripted LLM and an in-memory cache."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+from pydantic import BaseModel
+
+from services.llm.factory import build_adapter, build_embedder, build_llm
+from services.llm.layers import CachedLLM, LimitedLLM, MeteredLLM, RetryingLLM, cache_key
+from services.llm.scripted import ScriptedLLM
+from services.llm.task import LLMTask, TaskFailed, run_task
+from services.ports import LLM, KeyValueCache, LLMMessage, LLMRequest, LLMResponse
+from services.settings import Settings
+
+
+class DictCache(KeyValueCache):
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+
+    async def get(self, key: str) -> str | None:
+        return self.data.get(key)
+
+    async def put(self, key: str, value: str) -> None:
+        self.data[key] = value
+
+
+class FlakyLLM(LLM):
+    """Raises ``error`` for the first ``failures`` calls, then answers through ``inner``."""
+
+    def __init__(self, inner: LLM, failures: int, error: BaseException) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self.failures = failures
+        self.error = error
+        self.attempts = 0
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise self.error
+        return await self.inner.complete(request)
+
+
+class GatedLLM(LLM):
+    """Holds every call until ``gate`` is set, so a test can fill all concurrency slots."""
+
+    model = "gated"
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.started = 0
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        self.started += 1
+        await self.gate.wait()
+        return LLMResponse(text='{"ok": true}', model=self.model, tokens_in=3, tokens_out=2)
+
+
+def ask(content: str = "hello", task: str = "t", **kw: Any) -> LLMRequest:
+    return LLMRequest(task=task, messages=[LLMMessage(role="user", content=content)], **kw)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0)
+
+
+async def test_cache_hit_and_miss() -> None:
+    inner = ScriptedLLM({"t": lambda r: {"echo": r.messages[0].content}}, model="m1")
+    cache = DictCache()
+    llm = CachedLLM(inner, cache)
+    hits, misses = (
+        sample("memstream_llm_cache_total", task="t", result="hit"),
+        sample("memstream_llm_cache_total", task="t", result="miss"),
+    )
+
+    first = await llm.complete(ask("a", metadata={"attempt": "1"}))
+    again = await llm.complete(ask("a", metadata={"attempt": "2"}))  # metadata is not part of the key
+    other = await llm.complete(ask("a", max_tokens=7))
+
+    assert first.cached is False and again.cached is True and other.cached is False
+    assert again.text == first.text and again.tokens_out == first.tokens_out
+    assert len(inner.calls) == 2
+    assert len(cache.data) == 2
+    assert sample("memstream_llm_cache_total", task="t", result="hit") == hits + 1
+    assert sample("memstream_llm_cache_total", task="t", result="miss") == misses + 2
+
+
+def test_cache_key_covers_what_changes_the_answer() -> None:
+    base = ask("a")
+    assert cache_key("m", base) == cache_key("m", ask("a", task="other", metadata={"x": "y"}))
+    assert cache_key("m", base) != cache_key("m2", base)
+    assert cache_key("m", base) != cache_key("m", ask("b"))
+    assert cache_key("m", base) != cache_key("m", ask("a", json_schema={"type": "object"}))
+    assert cache_key("m", base) != cache_key("m", ask("a", temperature=0.5))
+    assert cache_key("m", base) != cache_key("m", ask("a", max_tokens=5))
+
+
+async def test_corrupt_cache_entry_is_a_miss() -> None:
+    inner = ScriptedLLM({"t": lambda r: "fresh"}, model="m1")
+    cache = DictCache()
+    cache.data[cache_key("m1", ask())] = "not json"
+    response = await CachedLLM(inner, cache).complete(ask())
+    assert response.text == "fresh" and response.cached is False
+    assert len(inner.calls) == 1
+
+
+async def test_retries_connection_errors() -> None:
+    flaky = FlakyLLM(ScriptedLLM({"t": lambda r: "ok"}), failures=2, error=ConnectionError("refused"))
+    before = sample("memstream_llm_retries_total", model="scripted", task="t")
+    response = await RetryingLLM(flaky, attempts=3, backoff_s=0.001).complete(ask())
+    assert response.text == "ok"
+    assert flaky.attempts == 3
+    assert sample("memstream_llm_retries_total", model="scripted", task="t") == before + 2
+
+
+async def test_gives_up_after_the_last_attempt() -> None:
+    flaky = FlakyLLM(ScriptedLLM({"t": lambda r: "ok"}), failures=5, error=ConnectionError("refused"))
+    with pytest.raises(ConnectionError):
+        await RetryingLLM(flaky, attempts=2, backoff_s=0.001).complete(ask())
+    assert flaky.attempts == 2
+
+
+async def test_does_not_retry_other_errors() -> None:
+    flaky = FlakyLLM(ScriptedLLM({"t": lambda r: "ok"}), failures=1, error=ValueError("bad request"))
+    with pytest.raises(ValueError):
+        await RetryingLLM(flaky, attempts=3, backoff_s=0.001).complete(ask())
+    assert flaky.attempts == 1
+
+
+async def test_timeout_is_retried_then_raised() -> None:
+    slow = ScriptedLLM({"t": lambda r: "late"}, delay_s=5.0)
+    with pytest.raises(TimeoutError):
+        await RetryingLLM(slow, attempts=2, timeout_s=0.05, backoff_s=0.001).complete(ask())
+    assert len(slow.calls) == 2
+    assert slow.in_flight == 0
+
+
+class Out(BaseModel):
+    answer: str
+
+
+class Answer(LLMTask[Out, Out]):
+    name = "answer"
+    output_model = Out
+
+    def messages(self, inputs: object) -> list[LLMMessage]:
+        return [LLMMessage(role="user", content=str(inputs))]
+
+
+async def test_bad_output_is_not_retried_by_the_layer() -> None:
+    scripted = ScriptedLLM({"answer": lambda r: "this is not json"})
+    llm = RetryingLLM(scripted, attempts=3, backoff_s=0.001)
+    response = await llm.complete(ask(task="answer"))
+    assert response.text == "this is not json"
+    assert len(scripted.calls) == 1
+    # run_task owns output retries: exactly its own number of attempts reach the model
+    with pytest.raises(TaskFailed):
+        await run_task(llm, Answer(), "q", attempts=2)
+    assert len(scripted.calls) == 3
+
+
+async def test_concurrency_bound_is_respected() -> None:
+    scripted = ScriptedLLM({"t": lambda r: "ok"}, delay_s=0.01)
+    llm = LimitedLLM(scripted, max_concurrency=2)
+    results = await asyncio.gather(*(llm.complete(ask(str(i))) for i in range(8)))
+    assert len(results) == 8
+    assert scripted.max_in_flight == 2
+    assert llm.max_in_flight == 2 and llm.in_flight == 0
+
+
+async def test_metrics_and_running_counters() -> None:
+    scripted = ScriptedLLM({"meter": lambda r: "x" * 40}, model="metered-model")
+    llm = MeteredLLM(CachedLLM(scripted, DictCache()))
+    labels = {"model": "metered-model", "task": "meter"}
+    ok_before = sample("memstream_llm_calls_total", outcome="ok", **labels)
+    cached_before = sample("memstream_llm_calls_total", outcome="cached", **labels)
+    out_before = sample("memstream_llm_tokens_total", direction="out", **labels)
+    latency_before = sample("memstream_llm_latency_seconds_count", **labels)
+
+    await llm.complete(ask("q", task="meter"))
+    await llm.complete(ask("q", task="meter"))
+
+    assert sample("memstream_llm_calls_total", outcome="ok", **labels) == ok_before + 1
+    assert sample("memstream_llm_calls_total", outcome="cached", **labels) == cached_before + 1
+    assert sample("memstream_llm_tokens_total", direction="out", **labels) == out_before + 10
+    assert sample("memstream_llm_latency_seconds_count", **labels) == latency_before + 1
+    assert (llm.calls, llm.usage.cached, llm.usage.tokens_out) == (2, 1, 10)
+    assert llm.by_task["meter"].calls == 2
+
+
+async def test_metered_counts_errors() -> None:
+    failing = FlakyLLM(ScriptedLLM(model="broken"), failures=1, error=ConnectionError("down"))
+    llm = MeteredLLM(failing)
+    before = sample("memstream_llm_calls_total", model="broken", task="t", outcome="error")
+    with pytest.raises(ConnectionError):
+        await llm.complete(ask())
+    assert sample("memstream_llm_calls_total", model="broken", task="t", outcome="error") == before + 1
+    assert llm.usage.errors == 1 and llm.calls == 0
+
+
+async def test_factory_stack_cache_hit_needs_no_slot(tmp_path: Path) -> None:
+    settings = Settings(llm="scripted", llm_max_concurrency=1, llm_retries=0, data_dir=tmp_path)
+    gated = GatedLLM()
+    cache = DictCache()
+    llm = build_llm(settings, cache, inner=gated)
+    assert isinstance(llm, MeteredLLM) and llm.model == "gated"
+
+    gated.gate.set()
+    await llm.complete(ask("cached"))  # fills the cache
+    gated.gate.clear()
+
+    busy = asyncio.create_task(llm.complete(ask("slow")))
+    await wait_until(lambda: gated.started == 2)  # the only slot is now held
+    hit = await asyncio.wait_for(llm.complete(ask("cached")), timeout=2.0)
+    assert hit.cached is True
+    assert not busy.done()
+    gated.gate.set()
+    assert (await busy).cached is False
+    assert llm.usage.calls == 3 and llm.usage.cached == 1
+
+
+async def test_factory_builds_scripted_stack(tmp_path: Path) -> None:
+    bare = build_llm(Settings(llm="scripted", data_dir=tmp_path), None)
+    assert isinstance(bare, MeteredLLM) and bare.model == "scripted"
+    rules = Settings(llm="scripted", scripted_llm="services.llm.scripted:rule_based_llm", data_dir=tmp_path)
+    llm = build_llm(rules, DictCache())
+    assert isinstance(llm.inner, CachedLLM)
+    assert isinstance(llm.inner.inner, LimitedLLM) and isinstance(llm.inner.inner.inner, RetryingLLM)
+
+
+def test_factory_picks_the_configured_adapters(tmp_path: Path) -> None:
+    from services.adapters.llamacpp import LlamaCppLLM
+    from services.adapters.minilm import MiniLMEmbedder
+    from services.adapters.ollama import OllamaEmbedder, OllamaLLM
+
+    local = build_adapter(Settings(llm="local", llm_model_path=tmp_path / "my-model.gguf", data_dir=tmp_path))
+    assert isinstance(local, LlamaCppLLM) and local.model == "my-model"  # loads on first call, not here
+    ollama = build_adapter(Settings(llm="ollama", llm_model="qwen2.5-coder:1.5b", data_dir=tmp_path))
+    assert isinstance(ollama, OllamaLLM) and ollama.model == "qwen2.5-coder:1.5b"
+
+    assert isinstance(build_embedder(Settings(embedder="minilm")), MiniLMEmbedder)
+    remote = build_embedder(Settings(embedder="ollama", embed_model="nomic-embed-text:latest"))
+    assert isinstance(remote, OllamaEmbedder) and remote.dim == 768
+    with pytest.raises(ValueError, match="unknown size"):
+        build_embedder(Settings(embedder="ollama", embed_model="mystery-embedder"))

