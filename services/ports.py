@@ -59,9 +59,7 @@ class GraphStore(ABC):
         """Edges by id with both ends (turns "triplet" vector hits into context)."""
 
     @abstractmethod
-    async def valid_theses(
-        self, user_id: str, about: Sequence[str] | None = None, limit: int = 50
-    ) -> list[Vertex]:
+    async def valid_theses(self, user_id: str, about: Sequence[str] | None = None, limit: int = 50) -> list[Vertex]:
         """Theses not yet invalidated; ``about`` restricts to theses linked to these object ids."""
 
     @abstractmethod

@@ -12,7 +12,6 @@ from schemas.events import ChatMessage, Document
 from services import ids
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
-from services.domain import VertexKind
 from services.llm.scripted import ScriptedLLM, rule_extract
 from services.memorize.service import MemorizeService
 from services.settings import Settings
@@ -52,7 +51,9 @@ def thesis(text: str, *entities: str, replaces: list[str] | None = None, tempora
     return {"text": text, "entities": list(entities), "kind": "FACT", "temporal": temporal, "replaces": replaces or []}
 
 
-def service(store: SqliteMemoryStore, llm: ScriptedLLM, embedder: MiniLMEmbedder, **overrides: object) -> MemorizeService:
+def service(
+    store: SqliteMemoryStore, llm: ScriptedLLM, embedder: MiniLMEmbedder, **overrides: object
+) -> MemorizeService:
     settings = Settings(data_dir=Path("unused"), **overrides)  # type: ignore[arg-type]
     return MemorizeService(store, llm, embedder, settings)
 
