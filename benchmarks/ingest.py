@@ -54,6 +54,7 @@ def settings_for(data_dir: Path, **overrides: Any) -> Settings:
         "data_dir": data_dir,
         "llm": "scripted",
         "scripted_llm": SCRIPTED,
+        "qa_engine": "simple",
         "partitions": 4,
         "broker_session_timeout_s": 6.0,
         "port": free_port(),

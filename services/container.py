@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 from services.memorize.service import MemorizeService
 from services.ports import LLM, Embedder, MemoryStore
-from services.qa.service import QAService
+from services.qa.pipeline import PlanningQA, QAConfig
+from services.qa.service import QAEngine, QAService
 from services.qa.simple import SimpleQA
+from services.retrieval.registry import get_retriever
 from services.settings import Settings
 
 
@@ -49,5 +51,17 @@ async def build_services(settings: Settings, llm: LLM | None = None) -> Services
         else:
             llm = build_llm(settings, cache=store)
     memorize = MemorizeService(store, llm, embedder, settings)
-    qa = QAService(SimpleQA(store, embedder, llm, top_k=settings.qa_top_k))
+    engine: QAEngine
+    if settings.qa_engine == "planning":
+        engine = PlanningQA(
+            store,
+            store,
+            embedder,
+            llm,
+            lambda name: get_retriever(name, store, store, embedder),
+            QAConfig.from_settings(settings),
+        )
+    else:
+        engine = SimpleQA(store, embedder, llm, top_k=settings.qa_top_k)
+    qa = QAService(engine)
     return Services(settings, store, llm, embedder, memorize, qa)

@@ -13,6 +13,18 @@ def _stderr_logger(*_args: object) -> structlog.PrintLogger:
     return structlog.PrintLogger(sys.stderr)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A handler on whatever ``sys.stderr`` is at each record (see ``_stderr_logger``)."""
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def configure_logging(level: str = "INFO", json: bool | None = None) -> None:
     if json is None:
         json = not sys.stderr.isatty()
@@ -33,7 +45,31 @@ def configure_logging(level: str = "INFO", json: bool | None = None) -> None:
         logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    # Libraries' stdlib records (Faust, aiokafka, uvicorn) go through the same renderer, with the bound context,
+    # so a process writes one format: JSON lines, or the console format on a terminal.
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.contextvars.merge_contextvars,
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.stdlib.ExtraAdder(),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+    handler = _StderrHandler()
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+        root.removeHandler(old)
+    if not root.handlers:  # a test runner's or an embedding application's own handlers stay in charge
+        root.addHandler(handler)
+    root.setLevel(level.upper())
+    logging.captureWarnings(True)  # warnings become log records too, not bare lines on stderr
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -38,4 +38,10 @@ RETRIEVAL_SIZE = Histogram(
 
 # Errors
 DEAD_LETTERS = Counter("memstream_dead_letters_total", "Events sent to the dead-letter topic", ["topic", "reason"])
-CONSUMER_LAG = Gauge("memstream_consumer_lag", "Consumer lag", ["topic", "partition"])
+# set by the gateway's lag sensor; under `memstream up` (one metrics directory) the live processes' maximum
+CONSUMER_LAG = Gauge(
+    "memstream_consumer_lag",
+    "Records the worker group has not committed yet",
+    ["topic", "partition"],
+    multiprocess_mode="livemax",
+)

@@ -53,7 +53,16 @@ class Settings(BaseSettings):
     worker_web_port: int = 6066
 
     # QA
+    qa_engine: Literal["planning", "simple"] = Field(
+        default="planning", description="PAI-2 planning pipeline, or one retrieve-and-answer call"
+    )
     qa_top_k: int = 12
+    qa_retriever: str = Field(default="beamsearch", description="beamsearch, watercircles, astar, flat, tog2, ...")
+    qa_max_steps: int = Field(default=5, ge=1, le=12)
+    qa_max_clue_queries: int = Field(default=4, ge=1, le=8)
+    qa_plan_enhancement: bool = True
+    qa_decomposition: bool = True
+    qa_episodic_context: bool = False
     log_level: str = "INFO"
     log_json: bool | None = Field(default=None, description="None: JSON unless stderr is a terminal")
 

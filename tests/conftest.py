@@ -27,6 +27,7 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
         "data_dir": data_dir,
         "broker": None,
         "llm": "scripted",
+        "qa_engine": "simple",  # the rule-based scripted LLM answers only the extract and answer tasks
         "scripted_llm": SCRIPTED_LLM,
         "partitions": 2,
         "broker_session_timeout_s": 6.0,

@@ -21,7 +21,9 @@ from memstream.broker import wait_for_kafka
 from services.domain import Stats
 from services.gateway import inputs
 from services.gateway.answers import AnswerBook, AnswerFeed
+from services.gateway.observability import install as install_observability
 from services.logging import get_logger
+from services.observability.context import bind
 from services.settings import Settings
 from streams.codec import encode, user_key
 from streams.topics import TopicNames, ensure_topics
@@ -155,6 +157,7 @@ def create_app(
             query = inputs.query(await _json_body(request))
         except inputs.InvalidInput as exc:
             return _invalid("questions", exc)
+        bind(query_id=query.query_id, user_id=query.user_id, event_id=query.event_id)
         await produce(topics.queries, [query])
         GATEWAY_EVENTS.labels(kind="query").inc()
         return QueryAccepted(query_id=query.query_id)
@@ -191,4 +194,6 @@ def create_app(
         data = generate_latest(registry) if registry is not None else generate_latest()
         return Response(content=data, media_type=CONTENT_TYPE_LATEST)
 
+    # traces (JSON and SSE), the graph neighbourhood, the web page at /, the request log context, the lag sensor
+    install_observability(app, settings, servers)
     return app

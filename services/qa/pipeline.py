@@ -101,6 +101,12 @@ class QAConfig(BaseModel):
             "llm_concurrency": settings.llm_max_concurrency,
             "task_attempts": settings.llm_retries + 1,
             "filter_top_k": settings.qa_top_k,
+            "retriever": settings.qa_retriever,
+            "max_steps": settings.qa_max_steps,
+            "max_clue_queries": settings.qa_max_clue_queries,
+            "plan_enhancement": settings.qa_plan_enhancement,
+            "decomposition": settings.qa_decomposition,
+            "episodic_context": settings.qa_episodic_context,
         }
         return cls(**(base | overrides))
 

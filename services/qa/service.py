@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from schemas.events import Answer, AnswerStatus, Query
 from services import metrics
 from services.logging import get_logger
-from services.qa.simple import Emit, SimpleQA
+from services.qa.simple import Emit
 
 log = get_logger(__name__)
 
 
+class QAEngine(Protocol):
+    async def answer(self, query: Query, emit: Emit | None = None) -> Answer: ...
+
+
 class QAService:
-    def __init__(self, engine: SimpleQA) -> None:
+    def __init__(self, engine: QAEngine) -> None:
         self.engine = engine
 
     async def answer(self, query: Query, emit: Emit | None = None) -> Answer:

@@ -1,0 +1,118 @@
+"""The memory-graph neighbourhood of some vertices or edges (an answer's evidence), for the trace page.
+
+Every read is scoped to the user in the path: ids of another user's memory simply are not found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+from services.domain import Triplet, Vertex
+from services.ports import GraphStore, MemoryStore
+from services.settings import Settings
+
+MAX_IDS = 100
+MAX_NODES = 300
+_NAME_CHARS = 300
+
+
+class GraphNode(BaseModel):
+    id: str
+    kind: str
+    name: str
+    focus: bool = Field(description="one of the asked-for ids, or an end of an asked-for edge")
+
+
+class GraphEdge(BaseModel):
+    id: str
+    kind: str
+    source: str
+    target: str
+    relation: str
+    focus: bool
+
+
+class Neighbourhood(BaseModel):
+    user_id: str
+    found: list[str] = Field(description="the asked-for ids that exist in this user's memory")
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+
+
+def split_ids(raw: Sequence[str]) -> list[str]:
+    """``?ids=a,b&ids=c`` -> ``[a, b, c]``, without blanks and repeats."""
+    return list(dict.fromkeys(i.strip() for value in raw for i in value.split(",") if i.strip()))
+
+
+async def neighbourhood(store: GraphStore, user_id: str, ids: Sequence[str], per_vertex: int) -> Neighbourhood:
+    """The asked-for vertices and edges (edge ids start with ``r_``), their ends, and one hop around them."""
+    edge_ids = [i for i in ids if i.startswith("r_")]
+    vertex_ids = [i for i in ids if not i.startswith("r_")]
+    triplets, vertices = await asyncio.gather(
+        store.get_triplets(user_id, edge_ids), store.get_vertices(user_id, vertex_ids)
+    )
+    focus_vertices: dict[str, Vertex] = dict(vertices)
+    for t in triplets.values():
+        focus_vertices |= {t.start.id: t.start, t.end.id: t.end}
+    around = await store.neighbors(user_id, sorted(focus_vertices), limit_per_vertex=per_vertex)
+
+    nodes: dict[str, GraphNode] = {}
+    edges: dict[str, GraphEdge] = {}
+
+    def add(t: Triplet, focus: bool) -> None:
+        for v in (t.start, t.end):
+            if v.user_id == user_id and (v.id in nodes or len(nodes) < MAX_NODES):
+                nodes.setdefault(v.id, _node(v, v.id in focus_vertices))
+        if t.edge.user_id == user_id and t.start.id in nodes and t.end.id in nodes:
+            edges.setdefault(t.id, _edge(t, focus))
+
+    for v in focus_vertices.values():
+        if v.user_id == user_id:
+            nodes[v.id] = _node(v, True)
+    for t in triplets.values():
+        add(t, True)
+    for t in around:
+        add(t, t.id in triplets)
+    return Neighbourhood(
+        user_id=user_id,
+        found=[i for i in ids if i in triplets or i in vertices],
+        nodes=list(nodes.values()),
+        edges=list(edges.values()),
+    )
+
+
+def _node(v: Vertex, focus: bool) -> GraphNode:
+    return GraphNode(id=v.id, kind=v.kind.value, name=v.text[:_NAME_CHARS], focus=focus)
+
+
+def _edge(t: Triplet, focus: bool) -> GraphEdge:
+    e = t.edge
+    return GraphEdge(id=e.id, kind=e.kind.value, source=e.source, target=e.target, relation=e.relation, focus=focus)
+
+
+class LazyGraph:
+    """The embedded store, opened read-side on first use (the gateway loads no model for it)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._store: MemoryStore | None = None
+        self._lock = asyncio.Lock()
+
+    async def __call__(self) -> GraphStore:
+        async with self._lock:
+            if self._store is None:
+                from services.adapters.sqlite import SqliteMemoryStore
+                from services.llm.factory import build_embedder
+
+                # the store checks the vector size it was created with; the embedder (never loaded) tells it
+                dim = build_embedder(self.settings).dim
+                self._store = await SqliteMemoryStore.open(self.settings.store_path, dim=dim)
+            return self._store
+
+    async def close(self) -> None:
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
