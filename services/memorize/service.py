@@ -100,8 +100,10 @@ class MemorizeService:
         size = 0
         for event in events:
             tokens = _tokens(event.text)
-            if groups and len(groups[-1]) < self.settings.batch_max_messages and (
-                size + tokens <= self.settings.batch_token_budget
+            if (
+                groups
+                and len(groups[-1]) < self.settings.batch_max_messages
+                and (size + tokens <= self.settings.batch_token_budget)
             ):
                 groups[-1].append(event)
                 size += tokens
@@ -244,9 +246,7 @@ class MemorizeService:
         if not entries:
             return []
         vectors = await self.embedder.embed([text for _, _, text in entries])
-        return [
-            VectorItem(id=i, kind=k, text=t, vector=list(v)) for (i, k, t), v in zip(entries, vectors, strict=True)
-        ]
+        return [VectorItem(id=i, kind=k, text=t, vector=list(v)) for (i, k, t), v in zip(entries, vectors, strict=True)]
 
     def _dead_letter(
         self, outcome: MemorizeOutcome, events: list[MemoryEvent], topic: str, reason: str, error: str, attempts: int

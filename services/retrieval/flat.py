@@ -41,11 +41,7 @@ class Flat(GraphRetriever):
 
     async def rank(self, scope: Scope, params: FlatParams) -> list[Triplet]:
         request = scope.request
-        kinds = [
-            k
-            for k in params.kinds
-            if k == "triplet" or VertexKind(k) in request.context_kinds
-        ]
+        kinds = [k for k in params.kinds if k == "triplet" or VertexKind(k) in request.context_kinds]
         if not kinds:
             return []
         vector = None if params.mode == "lexical" else (await scope.query_vector()).tolist()
