@@ -75,11 +75,11 @@ class ExtractionInput:
 
 
 SYSTEM = """You turn chat messages into a memory graph. For EACH numbered message output:
-- theses: short self-contained statements of what the message says (resolve "I"/"you" to the speaker's name,
-  keep dates and numbers), each with its entities (people, places, things, events named in it),
-  kind FACT|OPINION|PREDICTION and temporal STATIC (never changes) | DYNAMIC (may change later) | ATEMPORAL
-  (general truth), and replaces: refs of KNOWN statements this one makes no longer true (a change of
-  job, home, plan, status...), else [].
+- theses: short self-contained statements of what the message says. "I" is the SPEAKER of that message,
+  "you" the other person: write their names. Keep dates and numbers. Each thesis has its entities (people,
+  places, things, events named in it), kind FACT|OPINION|PREDICTION, temporal STATIC (never changes) |
+  DYNAMIC (may change later) | ATEMPORAL (general truth), and replaces: refs of KNOWN statements this one
+  makes no longer true (a change of job, home, plan, status...), else [].
 - triples: subject | relation | object facts, each part at most 7 words, relation in plain words.
 Use only what the messages say. Greetings or chit-chat get empty lists. Output JSON only."""
 
@@ -87,7 +87,8 @@ EXAMPLE_IN = """KNOWN:
 K1: [2023-05-01] Anna works at Siemens.
 MESSAGES:
 1. [2023-06-02] Anna: I quit Siemens last week, now I'm a nurse at St. Mary's hospital!
-2. [2023-06-02] Ben: Wow, congrats! How are you?"""
+2. [2023-06-02] Ben: Wow, congrats! I'm still at Bosch in Stuttgart.
+3. [2023-06-02] Anna: How are you?"""
 
 EXAMPLE_OUT = (
     '{"messages":[{"message":1,"theses":[{"text":"Anna quit her job at Siemens in late May 2023.",'
@@ -95,7 +96,11 @@ EXAMPLE_OUT = (
     '{"text":"Anna works as a nurse at St. Mary\'s hospital.","entities":["Anna","St. Mary\'s hospital"],'
     '"kind":"FACT","temporal":"DYNAMIC","replaces":["K1"]}],"triples":[{"subject":"Anna","relation":"quit",'
     '"object":"Siemens"},{"subject":"Anna","relation":"works as","object":"nurse"},{"subject":"Anna",'
-    '"relation":"works at","object":"St. Mary\'s hospital"}]},{"message":2,"theses":[],"triples":[]}]}'
+    '"relation":"works at","object":"St. Mary\'s hospital"}]},'
+    '{"message":2,"theses":[{"text":"Ben works at Bosch in Stuttgart.","entities":["Ben","Bosch","Stuttgart"],'
+    '"kind":"FACT","temporal":"DYNAMIC","replaces":[]}],"triples":[{"subject":"Ben","relation":"works at",'
+    '"object":"Bosch"},{"subject":"Bosch","relation":"located in","object":"Stuttgart"}]},'
+    '{"message":3,"theses":[],"triples":[]}]}'
 )
 
 
