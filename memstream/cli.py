@@ -170,6 +170,15 @@ def ask(
     question: Annotated[str, typer.Argument(help="the question")],
     user: UserOption,
     as_json: Annotated[bool, typer.Option("--json", help="print the whole answer event as JSON")] = False,
+    trace: Annotated[bool, typer.Option("--trace", help="print the QA stage events as they arrive")] = False,
+    as_of: Annotated[
+        str | None, typer.Option("--as-of", help="answer with what was valid then (ISO-8601, e.g. 2023-06-01)")
+    ] = None,
+    retriever: Annotated[str | None, typer.Option(help="beamsearch, watercircles, astar, flat, tog2, ...")] = None,
+    max_clue_queries: Annotated[int | None, typer.Option(min=1, max=8)] = None,
+    enhancement: Annotated[bool | None, typer.Option("--enhancement/--no-enhancement")] = None,
+    decomposition: Annotated[bool | None, typer.Option("--decomposition/--no-decomposition")] = None,
+    episodic: Annotated[bool | None, typer.Option("--episodic/--no-episodic", help="episode text in context")] = None,
     url: UrlOption = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the answer")] = 300.0,
 ) -> None:
@@ -177,9 +186,22 @@ def ask(
     from services.gateway.client import GatewayClient, GatewayError
 
     settings = _settings()
+    options = {
+        "retriever": retriever,
+        "max_clue_queries": max_clue_queries,
+        "plan_enhancement": enhancement,
+        "decomposition": decomposition,
+        "episodic_context": episodic,
+    }
+    fields: dict[str, Any] = {"options": {k: v for k, v in options.items() if v is not None}}
+    if as_of is not None:
+        fields["as_of"] = as_of if "T" in as_of else f"{as_of}T00:00:00Z"
     with GatewayClient(_url(settings, url)) as client:
         try:
-            answer = client.wait_answer(client.ask(user, question), timeout)
+            query_id = client.ask(user, question, **fields)
+            if trace:
+                _print_trace(client, query_id, user, timeout)
+            answer = client.wait_answer(query_id, timeout)
         except GatewayError as exc:
             raise _fail(str(exc)) from exc
     if as_json:
@@ -188,6 +210,23 @@ def ask(
         typer.echo(answer["answer"] if answer.get("status") != "error" else f"error: {answer.get('error')}")
     if answer.get("status") == "error":
         raise typer.Exit(2)
+
+
+def _print_trace(client: Any, query_id: str, user: str, timeout: float) -> None:
+    for event, data in client.trace_events(query_id, user, timeout):
+        if event != "stage":
+            continue
+        where = " ".join(
+            f"{key.split('_')[0]}={data[key]}"
+            for key in ("sub_question_id", "step_id", "clue_query_id")
+            if data.get(key)
+        )
+        typer.echo(
+            f"[{data.get('stage', '?'):>2}] {data.get('stage_name', '?'):<22} {data.get('status', '?'):<7} "
+            f"{float(data.get('duration_ms', 0)):8.1f} ms  llm={data.get('llm_calls', 0)} "
+            f"triplets={data.get('triplets', 0)} {where}",
+            err=True,
+        )
 
 
 @app.command()

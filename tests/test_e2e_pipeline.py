@@ -139,6 +139,35 @@ def test_a_conversation_is_memorized_and_a_question_is_answered_from_it(
     assert GatewayClient(stack.url).wait_answer(other, 30)["status"] == "no_answer"
 
 
+def test_ask_traces_stages_and_honours_as_of_and_options(stack: Stack, topics: TopicNames, tmp_path: Path) -> None:
+    chat = tmp_path / "trace.jsonl"
+    said = {"speaker": "Tom", "text": "I play the cello in Leipzig.", "time": "2024-05-01T09:00:00Z"}
+    chat.write_text(json.dumps(said))
+    run_cli("ingest", str(chat), "--user", "tom", "--url", stack.url)
+    memory_updates_for(stack, topics, {m.event_id for m in load_conversation(chat, "tom")})
+
+    runner = CliRunner()
+    try:
+        result = runner.invoke(
+            cli, ["ask", "What does Tom play in Leipzig?", "--user", "tom", "--trace", "--json", "--url", stack.url]
+        )
+    finally:
+        configure_logging("INFO", json=True)
+    assert result.exit_code == 0, result.output
+    assert "[ 6] traversal" in result.stderr and "[13] combine" in result.stderr
+    answer = json.loads(result.stdout)
+    assert "cello" in answer["answer"]
+
+    # before the fact was said, memory had nothing to answer with
+    past = json.loads(
+        run_cli(
+            "ask", "What does Tom play in Leipzig?", "--user", "tom", "--as-of", "2024-01-01", "--json",
+            "--retriever", "flat", "--url", stack.url,
+        ).stdout
+    )  # fmt: skip
+    assert past["status"] == "no_answer" and past["evidence"] == []
+
+
 def test_garbage_on_the_topic_is_dead_lettered_and_the_worker_goes_on(stack: Stack, topics: TopicNames) -> None:
     async def send_garbage() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=stack.bootstrap)

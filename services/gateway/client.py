@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -95,3 +96,25 @@ class GatewayClient:
     def stats(self, user_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._check(self._request("GET", f"/v1/stats/{user_id}"))
         return result
+
+    def trace_events(self, query_id: str, user_id: str, timeout_s: float) -> Iterator[tuple[str, Any]]:
+        """Server-sent trace events of a query as ``(event, data)``, until the stream ends (``end``)."""
+        path = f"/v1/traces/{query_id}/stream"
+        event, data = "message", ""
+        try:
+            with self._http.stream("GET", path, params={"user_id": user_id}, timeout=timeout_s) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self._check(response)
+                for line in response.iter_lines():
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data += line[5:].strip()
+                    elif not line and data:
+                        yield event, json.loads(data)
+                        if event in ("end", "timeout", "unavailable"):
+                            return
+                        event, data = "message", ""
+        except httpx.TransportError as exc:
+            raise GatewayError(f"trace stream of {query_id} broke: {exc}") from exc
