@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -19,6 +17,7 @@ from aiokafka import AIOKafkaClient
 from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from memstream.processes import stop_process
 from services.logging import get_logger
 
 log = get_logger(__name__)
@@ -176,14 +175,7 @@ class EmbeddedBroker:
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=timeout_s)
+        stop_process(process, timeout_s)
         log.info("broker_stopped", pid=process.pid)
 
     async def __aenter__(self) -> EmbeddedBroker:

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from memstream.broker import BrokerError, EmbeddedBroker, wait_for_kafka
+from memstream.processes import stop_process
 from services.logging import get_logger
 from services.settings import Settings
 from streams.topics import ensure_topics
@@ -52,20 +53,6 @@ class Child:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """SIGTERM by PID, SIGKILL if it is still there after ``timeout_s``."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=5)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
