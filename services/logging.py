@@ -8,9 +8,11 @@ import sys
 import structlog
 
 
-def _stderr_logger(*_args: object) -> structlog.PrintLogger:
+def _stderr_logger(*_args: object) -> structlog.WriteLogger:
     # Look sys.stderr up at each use: test runners and CLIs swap it, and a captured stream may be closed later.
-    return structlog.PrintLogger(sys.stderr)
+    # WriteLogger writes a line in one call (PrintLogger's print() writes the newline apart, so another thread's
+    # line could land in between).
+    return structlog.WriteLogger(sys.stderr)
 
 
 class _StderrHandler(logging.StreamHandler):

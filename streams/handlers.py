@@ -16,6 +16,7 @@ from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 from schemas.events import Answer, AnswerStatus, ChatMessage, DeadLetter, Document, MemoryUpdate, Query, StageEvent
 from services import metrics
 from services.logging import get_logger
+from services.observability.context import bind, log_context
 from streams.codec import INVALID_EVENT, PROCESSING_FAILED, InvalidEvent, dead_letter, decode, encode, user_key
 from streams.topics import TopicNames
 
@@ -117,7 +118,13 @@ class MemorizeHandler:
                 continue
             by_topic.setdefault(record.topic, []).append((event, record))
         for topic, items in by_topic.items():
-            await self._memorize(topic, items)
+            # one call per user (the service works user by user anyway), so its log lines carry the user's ids
+            by_user: dict[str, list[tuple[MemoryEvent, Record]]] = {}
+            for item in items:
+                by_user.setdefault(item[0].user_id, []).append(item)
+            for user_id, user_items in by_user.items():
+                with log_context(user_id=user_id, event_ids=[event.event_id for event, _ in user_items]):
+                    await self._memorize(topic, user_items)
 
     async def _memorize(self, topic: str, items: list[tuple[MemoryEvent, Record]]) -> None:
         try:
@@ -156,9 +163,14 @@ class QAHandler:
         except InvalidEvent as exc:
             await send_dead_letter(self.publisher, self.topics, _invalid(record, exc))
             return
+        with log_context(query_id=query.query_id, user_id=query.user_id, event_id=query.event_id):
+            await self._answer(query, record)
+
+    async def _answer(self, query: Query, record: Record) -> None:
         key = user_key(query.user_id)
 
         async def emit(stage: StageEvent) -> None:
+            bind(trace_id=stage.trace_id)  # known from the first stage on; log_context drops it after the query
             await publish_reliably(self.publisher, self.topics.stages, key, encode(stage))
 
         try:
@@ -176,6 +188,7 @@ class QAHandler:
             await send_dead_letter(self.publisher, self.topics, letter)
             # whoever waits for this query gets an answer that says it failed, not a timeout
             answer = error_answer(query, repr(exc))
+            metrics.QA_ANSWERS.labels(status=answer.status.value).inc()  # the QA service counted none
         await publish_reliably(self.publisher, self.topics.answers, key, encode(answer))
 
 

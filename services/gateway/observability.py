@@ -74,11 +74,12 @@ def _check_user(user_id: str) -> JSONResponse | None:
 
 
 def observability_router(
-    store: TraceStore, feed: TraceFeed, lag: LagSensor | None, graph: LazyGraph, obs: ObservabilitySettings
+    store: TraceStore, feed: TraceFeed | None, lag: LagSensor | None, graph: LazyGraph, obs: ObservabilitySettings
 ) -> APIRouter:
     @asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
-        await feed.start()
+        if feed is not None:
+            await feed.start()
         if lag is not None:
             await lag.start()
         try:
@@ -86,7 +87,8 @@ def observability_router(
         finally:
             if lag is not None:
                 await lag.stop()
-            await feed.stop()
+            if feed is not None:
+                await feed.stop()
             await graph.close()
 
     router = APIRouter(lifespan=lifespan)
@@ -127,7 +129,7 @@ def observability_router(
                 async for update in store.follow(query_id, after, obs.stream_heartbeat_s):
                     owner = store.user_of(query_id)
                     if user_id is not None and owner is not None and owner != user_id:
-                        outcome = "forbidden"  # told apart from a timeout only by the client's own user id
+                        outcome = "forbidden"  # another user's query: say no more than that it is not theirs
                         yield ServerSentEvent(event="unavailable", data={"query_id": query_id})
                         return
                     if update is None:
@@ -167,7 +169,7 @@ def install(app: FastAPI, settings: Settings, bootstrap: str, obs: Observability
     obs = obs or ObservabilitySettings()
     topics = TopicNames.from_settings(settings)
     store = TraceStore(obs.trace_capacity)
-    feed = TraceFeed(bootstrap, topics, store)
+    feed = TraceFeed(bootstrap, topics, store) if obs.traces else None
     consumed = [topics.chat, topics.documents, topics.queries]  # what the worker group reads
     lag = LagSensor(bootstrap, settings.consumer_group, consumed, obs.lag_interval_s) if obs.lag_interval_s else None
     app.state.traces = store

@@ -26,7 +26,7 @@ TRACE_DELAY = Histogram(
     "Stage event emitted to assembled in the gateway's trace (how live the trace page is)",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
-TRACE_STREAMS = Counter("memstream_trace_streams_total", "Trace streams (SSE) opened", ["outcome"])
+TRACE_STREAMS = Counter("memstream_trace_streams_total", "Trace streams (SSE) closed, by how they ended", ["outcome"])
 
 #: which count of a stage event is its retrieval size
 RETRIEVAL_STAGES = {"match": "vertices", "traversal": "triplets", "filter": "triplets"}

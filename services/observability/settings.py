@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class ObservabilitySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MEMSTREAM_OBS_", env_file=".env", extra="ignore")
 
+    traces: bool = Field(default=True, description="assemble traces from the stage topic (the trace routes need it)")
     trace_capacity: int = Field(default=2_000, ge=1, description="traces the gateway keeps, most recent first")
     lag_interval_s: float = Field(default=5.0, ge=0.0, description="consumer lag sampling period; 0: off")
     stream_heartbeat_s: float = Field(default=15.0, gt=0.0, description="SSE keep-alive period")

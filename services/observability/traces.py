@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -379,7 +379,9 @@ class TraceStore:
             return None
         return assemble(query_id, entry.runs, entry.query, entry.answer, entry.user_id)
 
-    async def follow(self, query_id: str, after: int = 0, heartbeat_s: float = 15.0) -> AsyncIterator[Update | None]:
+    async def follow(
+        self, query_id: str, after: int = 0, heartbeat_s: float = 15.0
+    ) -> AsyncGenerator[Update | None, None]:
         """The trace's updates with ``seq > after``, as they arrive, until its answer has been given.
 
         Yields ``None`` after ``heartbeat_s`` without news (the caller sends a keep-alive or gives up); a query

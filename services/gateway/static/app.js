@@ -72,10 +72,10 @@ function onStage(run) {
     tile.dataset.ms = String(ms);
     tile.querySelector(".count").textContent = `×${count}`;
     tile.querySelector(".ms").textContent = `${ms.toFixed(ms < 10 ? 1 : 0)} ms`;
-    const worst = tile.classList.contains("error") ? "error" : run.status;
+    // an error anywhere in the stage keeps the tile red; otherwise it shows the latest run's status
+    const status = tile.classList.contains("error") ? "error" : run.status;
     tile.classList.remove("ok", "empty", "skipped", "error");
-    tile.classList.add("seen", worst === "error" || run.status === "error" ? "error" : run.status);
-    tile.classList.add("flash");
+    tile.classList.add("seen", status, "flash");
     setTimeout(() => tile.classList.remove("flash"), 400);
   }
 
@@ -125,6 +125,8 @@ function onPlanStage(run) {
   if (steps && (run.stage === 2 || (run.stage === 10 && detail.changed === true))) {
     const revision = sub.revisions.children.length;
     for (const old of sub.revisions.children) old.classList.remove("latest");
+    sub.current?.classList.replace("current", "done"); // searched; the new revision lists it as done
+    sub.current = null;
     const label = revision === 0 ? "initial plan" : `revision ${revision}, after: ${short(sub.done.at(-1) || "", 60)}`;
     const items = [
       ...sub.done.map((text) => el("li", { class: "done" }, text)),
@@ -145,9 +147,11 @@ function onPlanStage(run) {
   } else if (run.stage === 8 && !run.clue_query_id && typeof detail.answer === "string" && sub.current) {
     sub.current.append(el("span", { class: "step-answer" }, `→ ${short(detail.answer, 120)}`));
   } else if (run.stage === 9 && detail.sufficient === true) {
+    sub.current?.classList.replace("current", "done");
     sub.badge.className = "badge answered";
     sub.badge.textContent = "answered";
   } else if (run.stage === 12) {
+    sub.current?.classList.replace("current", "done");
     sub.badge.className = "badge no_answer";
     sub.badge.textContent = `no answer (${detail.reason || "step limit"})`;
   }
@@ -169,8 +173,11 @@ function onAnswer(answer) {
     el("span", { class: `badge ${answer.status}` }, answer.status), " ",
     el("span", { class: "text" }, text), el("div", { class: "hint" }, meta),
   );
+  // several edges can carry one statement (each entity -> the same thesis): list each text once
+  const texts = new Map();
+  for (const e of answer.evidence) texts.set(e.text, [...(texts.get(e.text) || []), e.id]);
   $("#evidence").replaceChildren(
-    ...answer.evidence.map((e) => el("li", { "data-id": e.id, title: e.id }, e.text)),
+    ...[...texts].map(([text, ids]) => el("li", { "data-ids": ids.join(" "), title: ids.join(" ") }, text)),
   );
   loadGraph(answer.evidence.map((e) => e.id));
 }
@@ -211,7 +218,7 @@ function layout(nodes, edges, width, height) {
         const dx = nodes[i].x - nodes[j].x;
         const dy = nodes[i].y - nodes[j].y;
         const d2 = Math.max(dx * dx + dy * dy, 30);
-        const f = 2200 / d2;
+        const f = 7000 / d2;
         fx[i] += dx * f / Math.sqrt(d2); fy[i] += dy * f / Math.sqrt(d2);
         fx[j] -= dx * f / Math.sqrt(d2); fy[j] -= dy * f / Math.sqrt(d2);
       }
@@ -220,7 +227,7 @@ function layout(nodes, edges, width, height) {
       const dx = nodes[b].x - nodes[a].x;
       const dy = nodes[b].y - nodes[a].y;
       const d = Math.max(Math.hypot(dx, dy), 1);
-      const f = (d - 75) * 0.05;
+      const f = (d - 100) * 0.04;
       fx[a] += (dx / d) * f; fy[a] += (dy / d) * f;
       fx[b] -= (dx / d) * f; fy[b] -= (dy / d) * f;
     }
@@ -246,7 +253,7 @@ function drawGraph(graph) {
     const line = svg("line", { x1: a.x, y1: a.y, x2: b.x, y2: b.y, class: e.focus ? "focus" : "", "data-id": e.id });
     line.append(svg("title", {}, e.relation));
     parts.push(line);
-    if (e.focus && e.kind === "relation") {
+    if (e.focus && e.kind === "relation" && edges.length <= 15) { // on a busy graph, the tooltip tells
       parts.push(svg("text", { x: (a.x + b.x) / 2, y: (a.y + b.y) / 2 - 3, class: "relation" }, short(e.relation, 24)));
     }
   }
@@ -255,7 +262,8 @@ function drawGraph(graph) {
     circle.append(svg("title", {}, n.name));
     parts.push(circle);
     if (n.focus || n.kind === "object") {
-      parts.push(svg("text", { x: n.x + 11, y: n.y + 4 }, short(n.name, n.focus ? 40 : 22)));
+      const name = n.name.replace(/^\[[^\]]*\]\s*/, ""); // a thesis's date is in its tooltip
+      parts.push(svg("text", { x: n.x + 11, y: n.y + 4 }, short(name, n.focus ? 32 : 22)));
     }
   }
   root.replaceChildren(...parts);
