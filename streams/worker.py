@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import faust
 
@@ -15,12 +16,13 @@ from streams.app import create_app
 from streams.topics import ensure_topics
 
 log = get_logger(__name__)
+STOP_TIMEOUT_S = 8.0
 
 
 class _Worker(faust.Worker):
-    """faust's worker without a terminal spinner, and with signal handling only when it owns the process."""
+    """faust's worker without a terminal spinner and without its own signal handling (``run_worker`` has it)."""
 
-    def __init__(self, app: faust.App, handle_signals: bool) -> None:
+    def __init__(self, app: faust.App) -> None:
         super().__init__(
             app,
             loop=asyncio.get_running_loop(),
@@ -30,11 +32,9 @@ class _Worker(faust.Worker):
             quiet=True,
         )
         self.spinner = None
-        self._handle_signals = handle_signals
 
     def install_signal_handlers(self) -> None:
-        if self._handle_signals:
-            super().install_signal_handlers()
+        return None
 
 
 async def run_worker(
@@ -55,18 +55,26 @@ async def run_worker(
     services = await build_services(settings, llm)
     try:
         app = create_app(settings, servers, services, web_port)
-        worker = _Worker(app, handle_signals=stop is None)
+        if stop is None:
+            # our own signal handling: faust's stops the loop from inside and left workers hanging at exit
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+        worker = _Worker(app)
         await worker.start()
         log.info("worker_started", broker=servers, group=settings.consumer_group)
         if ready is not None:
             ready.set()
         try:
-            if stop is not None:
-                await stop.wait()
-            else:
-                await worker.wait_until_stopped()
+            await stop.wait()
         finally:
-            await worker.stop()
+            # Offsets are committed only after store writes, so cutting a stuck shutdown short loses nothing: at
+            # worst the next owner of a partition replays events, which memorize recognises and skips.
+            try:
+                await asyncio.wait_for(worker.stop(), timeout=STOP_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("worker_stop_timeout", timeout_s=STOP_TIMEOUT_S)
     finally:
         await services.close()
         log.info("worker_stopped")
