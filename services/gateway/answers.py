@@ -12,6 +12,7 @@ from aiokafka.errors import KafkaError
 
 from schemas.events import Answer
 from services.logging import get_logger
+from streams.background import stop_consumer_loop
 from streams.codec import InvalidEvent, decode
 
 log = get_logger(__name__)
@@ -91,11 +92,5 @@ class AnswerFeed:
                     await self.book.put(answer)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        task, consumer, self._task, self._consumer = self._task, self._consumer, None, None
+        await stop_consumer_loop(task, consumer)

@@ -8,7 +8,6 @@ answer, so a follower sees the stages before the answer that ends its stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -20,6 +19,7 @@ from schemas.events import Answer, Query, StageEvent
 from services.logging import get_logger
 from services.observability import metrics
 from services.observability.traces import TraceStore
+from streams.background import stop_consumer_loop
 from streams.codec import InvalidEvent, decode
 from streams.topics import TopicNames
 
@@ -62,14 +62,8 @@ class TraceFeed:
         self._task = asyncio.create_task(self._run(self._consumer), name="trace-feed")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        task, consumer, self._task, self._consumer = self._task, self._consumer, None, None
+        await stop_consumer_loop(task, consumer)
 
     async def _run(self, consumer: AIOKafkaConsumer) -> None:
         while True:

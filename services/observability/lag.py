@@ -8,7 +8,6 @@ counts from its first offset, as the workers start there (``auto_offset_reset="e
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -17,6 +16,7 @@ from aiokafka.errors import KafkaError
 
 from services.logging import get_logger
 from services.metrics import CONSUMER_LAG
+from streams.background import stop_consumer_loop
 
 log = get_logger(__name__)
 
@@ -47,14 +47,8 @@ class LagSensor:
         self._task = asyncio.create_task(self._run(), name="lag-sensor")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        task, consumer, self._task, self._consumer = self._task, self._consumer, None, None
+        await stop_consumer_loop(task, consumer)
         if self._admin is not None:
             await self._admin.close()
             self._admin = None
