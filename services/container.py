@@ -6,7 +6,7 @@ import importlib
 from dataclasses import dataclass
 
 from services.memorize.service import MemorizeService
-from services.ports import LLM, Embedder, MemoryStore
+from services.ports import LLM, Embedder, KeyValueCache, MemoryStore
 from services.qa.pipeline import PlanningQA, QAConfig
 from services.qa.service import QAEngine, QAService
 from services.qa.simple import SimpleQA
@@ -36,20 +36,31 @@ def load_scripted_llm(spec: str) -> LLM:
     return llm
 
 
-async def build_services(settings: Settings, llm: LLM | None = None) -> Services:
+async def open_store(settings: Settings, dim: int) -> MemoryStore:
+    """The configured memory store: ``MEMSTREAM_STORE=sqlite`` (embedded file) or ``remote`` (Dgraph + Weaviate)."""
+    if settings.store == "remote":
+        from services.adapters.remote import RemoteMemoryStore
+
+        return await RemoteMemoryStore.from_settings(settings, dim)
     from services.adapters.sqlite import SqliteMemoryStore
+
+    return SqliteMemoryStore(settings.store_path, dim=dim)
+
+
+async def build_services(settings: Settings, llm: LLM | None = None) -> Services:
     from services.llm.factory import build_embedder, build_llm
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     embedder = build_embedder(settings)
-    store = SqliteMemoryStore(settings.store_path, dim=embedder.dim)
+    store = await open_store(settings, embedder.dim)
+    cache = store if isinstance(store, KeyValueCache) else None
     if llm is None:
         if settings.llm == "scripted":
             if not settings.scripted_llm:
                 raise ValueError("MEMSTREAM_LLM=scripted needs MEMSTREAM_SCRIPTED_LLM='module:function'")
-            llm = build_llm(settings, cache=store, inner=load_scripted_llm(settings.scripted_llm))
+            llm = build_llm(settings, cache=cache, inner=load_scripted_llm(settings.scripted_llm))
         else:
-            llm = build_llm(settings, cache=store)
+            llm = build_llm(settings, cache=cache)
     memorize = MemorizeService(store, llm, embedder, settings)
     engine: QAEngine
     if settings.qa_engine == "planning":

@@ -23,6 +23,13 @@ class Settings(BaseSettings):
     consumer_group: str = "memstream"
     broker_session_timeout_s: float = 8.0
 
+    # Memory store: the embedded SQLite file, or Dgraph (graph, applied events, LLM cache) + Weaviate (vectors)
+    store: Literal["sqlite", "remote"] = "sqlite"
+    dgraph: str | None = Field(default=None, description="Dgraph alpha gRPC host:port, when store == 'remote'")
+    weaviate_http: str | None = Field(default=None, description="Weaviate REST host:port, when store == 'remote'")
+    weaviate_grpc: str | None = Field(default=None, description="Weaviate gRPC host:port, when store == 'remote'")
+    weaviate_prefix: str = Field(default="Memstream", description="Weaviate collection names start with this")
+
     # Memorize micro-batching: one extraction call covers several messages of one user
     batch_max_messages: int = Field(default=8, ge=1)
     batch_token_budget: int = Field(default=1200, ge=64, description="approximate input tokens per extraction")

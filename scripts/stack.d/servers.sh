@@ -255,6 +255,8 @@ start_ollama() {
     await ollama || return 1
     gguf=$(model_gguf) || { say "could not assemble $OLLAMA_GGUF"; return 1; }
     printf 'FROM %s\nPARAMETER num_ctx 8192\nPARAMETER temperature 0\n' "$gguf" >"$dir/Modelfile"
+    # the GGUF carries no chat template Ollama understands: without Qwen's ChatML, system prompts are dropped
+    cat "$(dirname "${BASH_SOURCE[0]}")/qwen.Modelfile.tail" >>"$dir/Modelfile"
     say "ollama create $OLLAMA_MODEL from $gguf"
     OLLAMA_HOST="127.0.0.1:$port" "$(ollama_bin)" create "$OLLAMA_MODEL" -f "$dir/Modelfile" >>"$dir/log" 2>&1 ||
         { say "ollama create failed"; return 1; }

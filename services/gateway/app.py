@@ -21,6 +21,7 @@ from memstream.broker import wait_for_kafka
 from services.domain import Stats
 from services.gateway import inputs
 from services.gateway.answers import AnswerBook, AnswerFeed
+from services.gateway.graph import LazyStore
 from services.gateway.observability import install as install_observability
 from services.logging import get_logger
 from services.observability.context import bind
@@ -37,29 +38,16 @@ StatsReader = Callable[[str], Awaitable[Stats]]
 
 
 class StoreStats:
-    """Reads per-user stats from the embedded store, opened on first use (the gateway needs no model)."""
+    """Reads per-user stats from the configured store, opened on first use."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._store: Any = None
-        self._lock = asyncio.Lock()
+        self._store = LazyStore(settings)
 
     async def __call__(self, user_id: str) -> Stats:
-        async with self._lock:
-            if self._store is None:
-                from services.adapters.sqlite import SqliteMemoryStore
-                from services.llm.factory import build_embedder
-
-                # the store checks the vector size it was created with; the embedder (never loaded) tells it
-                dim = build_embedder(self.settings).dim
-                self._store = await SqliteMemoryStore.open(self.settings.store_path, dim=dim)
-        stats: Stats = await self._store.stats(user_id)
-        return stats
+        return await (await self._store()).stats(user_id)
 
     async def close(self) -> None:
-        if self._store is not None:
-            await self._store.close()
-            self._store = None
+        await self._store.close()
 
 
 class Accepted(BaseModel):

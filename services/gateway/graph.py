@@ -93,23 +93,22 @@ def _edge(t: Triplet, focus: bool) -> GraphEdge:
     return GraphEdge(id=e.id, kind=e.kind.value, source=e.source, target=e.target, relation=e.relation, focus=focus)
 
 
-class LazyGraph:
-    """The embedded store, opened read-side on first use (the gateway loads no model for it)."""
+class LazyStore:
+    """The configured memory store, opened on first use (the gateway loads no model: the embedder only tells the
+    vector size)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._store: MemoryStore | None = None
         self._lock = asyncio.Lock()
 
-    async def __call__(self) -> GraphStore:
+    async def __call__(self) -> MemoryStore:
         async with self._lock:
             if self._store is None:
-                from services.adapters.sqlite import SqliteMemoryStore
+                from services.container import open_store
                 from services.llm.factory import build_embedder
 
-                # the store checks the vector size it was created with; the embedder (never loaded) tells it
-                dim = build_embedder(self.settings).dim
-                self._store = await SqliteMemoryStore.open(self.settings.store_path, dim=dim)
+                self._store = await open_store(self.settings, build_embedder(self.settings).dim)
             return self._store
 
     async def close(self) -> None:

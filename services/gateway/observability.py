@@ -20,7 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.gateway import inputs
-from services.gateway.graph import MAX_IDS, LazyGraph, Neighbourhood, neighbourhood, split_ids
+from services.gateway.graph import MAX_IDS, LazyStore, Neighbourhood, neighbourhood, split_ids
 from services.logging import get_logger
 from services.observability import metrics
 from services.observability.context import log_context
@@ -74,7 +74,7 @@ def _check_user(user_id: str) -> JSONResponse | None:
 
 
 def observability_router(
-    store: TraceStore, feed: TraceFeed | None, lag: LagSensor | None, graph: LazyGraph, obs: ObservabilitySettings
+    store: TraceStore, feed: TraceFeed | None, lag: LagSensor | None, graph: LazyStore, obs: ObservabilitySettings
 ) -> APIRouter:
     @asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
@@ -176,5 +176,5 @@ def install(app: FastAPI, settings: Settings, bootstrap: str, obs: Observability
     app.state.trace_feed = feed
     app.state.lag_sensor = lag
     app.add_middleware(LogContextMiddleware)
-    app.include_router(observability_router(store, feed, lag, LazyGraph(settings), obs))
+    app.include_router(observability_router(store, feed, lag, LazyStore(settings), obs))
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -8,6 +8,7 @@ from typing import Any
 from ollama import AsyncClient, ChatResponse, ResponseError
 
 from services.adapters.ollama.errors import translate_errors
+from services.adapters.ollama.schema import ollama_schema
 from services.logging import get_logger
 from services.ports import LLM, LLMRequest, LLMResponse
 
@@ -50,7 +51,7 @@ class OllamaLLM(LLM):
         return await self.client.chat(
             model=self.model,
             messages=[{"role": m.role, "content": m.content} for m in request.messages],
-            format=request.json_schema,
+            format=None if request.json_schema is None else ollama_schema(request.json_schema),
             think=self.think,
             options=self.options(request),
             keep_alive=self.keep_alive,

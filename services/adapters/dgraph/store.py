@@ -1,0 +1,278 @@
+"""``DgraphGraphStore``: the GraphStore port, the applied-event log and the LLM cache on a Dgraph cluster (pydgraph).
+
+Reads are read-only transactions (nothing to commit; they see every committed write). Writes are upsert blocks
+committed at once; a transaction that loses a conflict (another writer created the same id first) is retried
+whole, and then finds the other writer's node. Every query is built by ``queries``/``write`` from constants and
+DQL variables only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from typing import Any, Self
+
+import pydgraph
+from prometheus_client import Histogram
+from pydgraph import AsyncDgraphClient, AsyncDgraphClientStub
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
+
+from services.domain import ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex, VertexKind
+from services.logging import get_logger
+from services.ports import GraphStore, KeyValueCache
+
+from . import queries
+from .codec import is_vertex, read_edge, read_vertex
+from .write import (
+    Mutation,
+    Upsert,
+    change_set_result,
+    change_set_upsert,
+    delete_user_upsert,
+    events_upsert,
+    kv_put_upsert,
+)
+
+log = get_logger(__name__)
+
+DGRAPH_LATENCY = Histogram(
+    "memstream_dgraph_request_seconds",
+    "Dgraph request latency (one round trip)",
+    ["op"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+#: Worth another attempt: a lost write conflict, or the cluster briefly unreachable or not ready.
+TRANSIENT = (pydgraph.AbortedError, pydgraph.RetriableError, pydgraph.ConnectionError)
+
+
+def schema_text() -> str:
+    """The DQL schema shipped in ``schemas/dgraph.dql``."""
+    return resources.files("schemas").joinpath("dgraph.dql").read_text(encoding="utf-8")
+
+
+class DgraphGraphStore(GraphStore, KeyValueCache):
+    def __init__(self, address: str, *, timeout_s: float = 30.0, attempts: int = 5) -> None:
+        """``address``: alpha's gRPC ``host:port``. Call ``open`` (or ``connect``) before use."""
+        self.address = address
+        self.timeout_s = timeout_s
+        self.attempts = max(1, attempts)
+        self._stub: AsyncDgraphClientStub | None = None
+        self._client: AsyncDgraphClient | None = None
+
+    @classmethod
+    async def open(cls, address: str, *, timeout_s: float = 30.0, attempts: int = 5, apply_schema: bool = True) -> Self:
+        store = cls(address, timeout_s=timeout_s, attempts=attempts)
+        await store.connect(apply_schema=apply_schema)
+        return store
+
+    async def connect(self, apply_schema: bool = True) -> None:
+        # the gRPC channel belongs to the running event loop, so it is made here and not in __init__
+        self._stub = AsyncDgraphClientStub(self.address)
+        self._client = AsyncDgraphClient(self._stub)
+        try:
+            version = await self._retrying("version", lambda: self.client.check_version(timeout=self.timeout_s))
+            if apply_schema:
+                # altering to the same schema is a no-op; new predicates and indexes are added in place
+                operation = pydgraph.Operation(schema=schema_text())
+                await self._retrying("alter", lambda: self.client.alter(operation, timeout=self.timeout_s))
+        except BaseException:
+            await self.close()
+            raise
+        log.info("dgraph_store_opened", address=self.address, version=version)
+
+    @property
+    def client(self) -> AsyncDgraphClient:
+        if self._client is None:
+            raise RuntimeError("DgraphGraphStore is not connected (use DgraphGraphStore.open)")
+        return self._client
+
+    async def close(self) -> None:
+        stub, self._stub, self._client = self._stub, None, None
+        if stub is not None:
+            await stub.close()
+
+    # -- round trips ---------------------------------------------------------------------------------------------
+
+    async def _retrying(self, op: str, call: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(TRANSIENT),
+                stop=stop_after_attempt(self.attempts),
+                wait=wait_exponential(multiplier=0.05, max=2) + wait_random(0, 0.05),
+                reraise=True,
+            ):
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        log.info("dgraph_retry", op=op, attempt=attempt.retry_state.attempt_number)
+                    return await call()
+            raise AssertionError("unreachable: tenacity re-raises the last error")
+        finally:
+            DGRAPH_LATENCY.labels(op=op).observe(time.perf_counter() - started)
+
+    async def _query(self, op: str, query: str, variables: Mapping[str, str]) -> dict[str, Any]:
+        async def call() -> dict[str, Any]:
+            txn = self.client.txn(read_only=True)
+            response = await txn.query(query, variables=dict(variables), timeout=self.timeout_s)
+            result: dict[str, Any] = json.loads(response.json)
+            return result
+
+        result: dict[str, Any] = await self._retrying(op, call)
+        return result
+
+    async def _upsert(self, op: str, up: Upsert) -> dict[str, Any]:
+        return await self._request(op, up.query, up.params.values, up.mutations)
+
+    async def _request(
+        self, op: str, query: str, variables: Mapping[str, str], mutations: Sequence[Mutation]
+    ) -> dict[str, Any]:
+        """One upsert request: the query, then the mutations whose conditions hold, committed at once."""
+
+        async def call() -> dict[str, Any]:
+            txn = self.client.txn()
+            built = [m.proto() for m in mutations]
+            request = txn.create_request(query=query, variables=dict(variables), mutations=built, commit_now=True)
+            response = await txn.do_request(request, timeout=self.timeout_s)
+            result: dict[str, Any] = json.loads(response.json) if response.json else {}
+            return result
+
+        result: dict[str, Any] = await self._retrying(op, call)
+        return result
+
+    # -- writes ----------------------------------------------------------------------------------------------------
+
+    async def apply_graph(self, change_set: ChangeSet) -> ApplyResult:
+        """Vertices, edges and invalidations of a change set, in one transaction; events are not marked yet."""
+        up = change_set_upsert(change_set)
+        return change_set_result(up, await self._upsert("apply", up))
+
+    async def mark_applied(self, change_set: ChangeSet) -> None:
+        if change_set.event_ids:
+            await self._upsert("mark_applied", events_upsert(change_set.user_id, change_set.event_ids, change_set.id))
+
+    async def delete_user(self, user_id: str) -> None:
+        """Forget one user: every vertex, edge and applied event (the LLM cache is not per user)."""
+        await self._upsert("delete_user", delete_user_upsert(user_id))
+
+    # -- GraphStore ----------------------------------------------------------------------------------------------
+
+    async def get_vertices(self, user_id: str, ids: Sequence[str]) -> dict[str, Vertex]:
+        if not ids:
+            return {}
+        params, query = queries.get_vertices(user_id, dict.fromkeys(ids))
+        result = await self._query("get_vertices", query, params.values)
+        return {node["vertex.id"]: read_vertex(node) for node in result.get("q", [])}
+
+    async def find_objects(self, user_id: str, normalized_names: Sequence[str]) -> dict[str, Vertex]:
+        if not normalized_names:
+            return {}
+        params, query = queries.find_objects(user_id, dict.fromkeys(normalized_names))
+        result = await self._query("find_objects", query, params.values)
+        found: dict[str, Vertex] = {}
+        for node in result.get("q", []):  # ordered by id: the smallest id wins a (theoretical) name clash
+            found.setdefault(node["vertex.norm_name"], read_vertex(node))
+        return found
+
+    async def neighbors(
+        self,
+        user_id: str,
+        vertex_ids: Sequence[str],
+        edge_kinds: Sequence[EdgeKind] | None = None,
+        limit_per_vertex: int | None = None,
+    ) -> list[Triplet]:
+        frontier = list(dict.fromkeys(vertex_ids))
+        if not frontier or (edge_kinds is not None and not edge_kinds) or limit_per_vertex == 0:
+            return []
+        kinds = None if edge_kinds is None else [EdgeKind(kind).value for kind in edge_kinds]
+        params, query = queries.neighbors(user_id, frontier, kinds, limit_per_vertex)
+        result = await self._query("neighbors", query, params.values)
+        by_id = {node["vertex.id"]: node for node in result.get("q", [])}
+        triplets: dict[str, Triplet] = {}
+        for vid in frontier:  # frontier order, then newest edge first, as the embedded store returns them
+            node = by_id.get(vid)
+            if node is None:
+                continue
+            here = read_vertex(node)
+            found: list[tuple[dict[str, Any], Triplet]] = []
+            for edge in node.get("out", []):
+                far = edge.get("edge.target")
+                if is_vertex(far):
+                    end = read_vertex(far)
+                    found.append((edge, Triplet(start=here, edge=read_edge(edge, here.id, end.id), end=end)))
+            for edge in node.get("in", []):
+                far = edge.get("edge.source")
+                if is_vertex(far) and far["vertex.id"] != here.id:  # a self-loop comes back once, as outgoing
+                    start = read_vertex(far)
+                    found.append((edge, Triplet(start=start, edge=read_edge(edge, start.id, here.id), end=here)))
+            found.sort(key=lambda item: str(item[0]["edge.id"]))
+            found.sort(key=lambda item: str(item[0].get("edge.rank", "0")), reverse=True)  # stable: id breaks ties
+            for _, triplet in found[:limit_per_vertex]:
+                triplets.setdefault(triplet.edge.id, triplet)  # an edge between two frontier vertices: once
+        return list(triplets.values())
+
+    async def get_triplets(self, user_id: str, edge_ids: Sequence[str]) -> dict[str, Triplet]:
+        if not edge_ids:
+            return {}
+        params, query = queries.get_triplets(user_id, dict.fromkeys(edge_ids))
+        result = await self._query("get_triplets", query, params.values)
+        out: dict[str, Triplet] = {}
+        for node in result.get("q", []):
+            source, target = node.get("edge.source"), node.get("edge.target")
+            if is_vertex(source) and is_vertex(target):
+                start, end = read_vertex(source), read_vertex(target)
+                out[node["edge.id"]] = Triplet(start=start, edge=read_edge(node, start.id, end.id), end=end)
+        return out
+
+    async def valid_theses(self, user_id: str, about: Sequence[str] | None = None, limit: int = 50) -> list[Vertex]:
+        if limit <= 0 or (about is not None and not about):
+            return []
+        objects = None if about is None else list(dict.fromkeys(about))
+        params, query = queries.valid_theses(user_id, objects, limit)
+        result = await self._query("valid_theses", query, params.values)
+        return [read_vertex(node) for node in result.get("q", [])]
+
+    async def seen_events(self, user_id: str, event_ids: Sequence[str]) -> set[str]:
+        if not event_ids:
+            return set()
+        params, query = queries.seen_events(user_id, dict.fromkeys(event_ids))
+        result = await self._query("seen_events", query, params.values)
+        return {node["event.id"] for node in result.get("q", [])}
+
+    async def stats(self, user_id: str) -> Stats:
+        params, query = queries.stats(user_id)
+        result = await self._query("stats", query, params.values)
+        vertices = dict.fromkeys((k.value for k in VertexKind), 0)
+        vertices.update(_grouped(result, "vertices", "vertex.kind"))
+        edges = dict.fromkeys((k.value for k in EdgeKind), 0)
+        edges.update(_grouped(result, "edges", "edge.kind"))
+        return Stats(
+            user_id=user_id,
+            vertices=vertices,
+            edges=edges,
+            theses_valid=_count(result, "valid"),
+            theses_invalidated=_count(result, "invalid"),
+            events=_count(result, "events"),
+        )
+
+    # -- KeyValueCache -------------------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> str | None:
+        variables, query = queries.kv_get(key)
+        nodes = (await self._query("kv_get", query, variables)).get("q", [])
+        return str(nodes[0]["kv.value"]) if nodes else None
+
+    async def put(self, key: str, value: str) -> None:
+        query, variables, mutation = kv_put_upsert(key, value)
+        await self._request("kv_put", query, variables, [mutation])
+
+
+def _grouped(result: Mapping[str, Any], block: str, predicate: str) -> dict[str, int]:
+    groups = result.get(block) or [{}]
+    return {row[predicate]: int(row["count"]) for row in groups[0].get("@groupby", [])}
+
+
+def _count(result: Mapping[str, Any], block: str) -> int:
+    rows = result.get(block) or [{}]
+    return int(rows[0].get("count", 0))

@@ -1,0 +1,165 @@
+"""``RemoteMemoryStore``: the MemoryStore (and LLM cache) on real servers: the graph, the applied events and the
+cache in Dgraph, the vectors and BM25 index in Weaviate.
+
+There is no transaction across the two, so ``apply`` writes in an order that a replay repairs: the graph (one
+Dgraph transaction, idempotent upserts), then the vectors (Weaviate objects keyed by our ids, overwritten on
+replay), then the events as applied. A crash before the last step leaves the events unapplied, so the replay that
+follows writes the same things again and changes nothing that was already there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Self
+
+from services.adapters.dgraph import DgraphGraphStore
+from services.adapters.weaviate import WeaviateVectorStore
+from services.domain import ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex
+from services.logging import get_logger
+from services.metrics import STORE_WRITE_LATENCY
+from services.ports import KeyValueCache, MemoryStore, Vector, VectorHit, VectorItem
+from services.settings import Settings
+
+log = get_logger(__name__)
+
+
+def check_change_set(change_set: ChangeSet, vectors: Sequence[VectorItem], dim: int) -> None:
+    """Refuse, before anything is written, what would land in another user's memory or has the wrong size."""
+    user = change_set.user_id
+    owners = [(v.id, v.user_id) for v in change_set.vertices] + [(e.id, e.user_id) for e in change_set.edges]
+    for item_id, owner in owners:
+        if owner != user:
+            raise ValueError(f"{item_id} belongs to {owner!r}, the change set to {user!r}")
+    for vector in vectors:
+        if len(vector.vector) != dim:
+            raise ValueError(f"vector {vector.id} has {len(vector.vector)} dimensions, the store has {dim}")
+
+
+class RemoteMemoryStore(MemoryStore, KeyValueCache):
+    def __init__(self, graph: DgraphGraphStore, vectors: WeaviateVectorStore) -> None:
+        """Both parts already open (see ``open``); the store closes them."""
+        self.graph = graph
+        self.vectors = vectors
+        self.dim = vectors.dim
+
+    @classmethod
+    async def open(
+        cls,
+        dgraph: str,
+        weaviate_http: str,
+        weaviate_grpc: str,
+        dim: int,
+        *,
+        prefix: str = "Memstream",
+        timeout_s: float = 30.0,
+    ) -> Self:
+        graph = await DgraphGraphStore.open(dgraph, timeout_s=timeout_s)
+        try:
+            vectors = await WeaviateVectorStore.open(
+                weaviate_http, weaviate_grpc, dim, prefix=prefix, timeout_s=timeout_s
+            )
+        except BaseException:
+            await graph.close()
+            raise
+        return cls(graph, vectors)
+
+    @classmethod
+    async def from_settings(cls, settings: Settings, dim: int) -> Self:
+        missing = [
+            f"MEMSTREAM_{name.upper()}"
+            for name in ("dgraph", "weaviate_http", "weaviate_grpc")
+            if not getattr(settings, name)
+        ]
+        if missing:
+            raise ValueError(f"MEMSTREAM_STORE=remote needs {', '.join(missing)} (see docs/real-stack.md)")
+        assert settings.dgraph and settings.weaviate_http and settings.weaviate_grpc
+        return await cls.open(
+            settings.dgraph, settings.weaviate_http, settings.weaviate_grpc, dim, prefix=settings.weaviate_prefix
+        )
+
+    async def close(self) -> None:
+        try:
+            await self.vectors.close()
+        finally:
+            await self.graph.close()
+
+    # -- writes ------------------------------------------------------------------------------------------------------
+
+    async def apply(self, change_set: ChangeSet, vectors: Sequence[VectorItem]) -> ApplyResult:
+        check_change_set(change_set, vectors, self.dim)
+        started = time.perf_counter()
+        try:
+            result = await self.graph.apply_graph(change_set)
+            if change_set.event_ids and len(result.skipped_events) == len(set(change_set.event_ids)):
+                return result  # a replay: the graph wrote nothing, and the vectors are there
+            await self.vectors.upsert(change_set.user_id, vectors)
+            await self.graph.mark_applied(change_set)
+        finally:
+            STORE_WRITE_LATENCY.labels(store="remote").observe(time.perf_counter() - started)
+        log.debug(
+            "change_set_applied",
+            user_id=change_set.user_id,
+            change_set_id=change_set.id,
+            **result.model_dump(exclude={"skipped_events"}),
+            skipped=len(result.skipped_events),
+        )
+        return result
+
+    async def delete_user(self, user_id: str) -> None:
+        """Forget a user: graph, applied events and vectors (the LLM cache is shared and keyed by prompt)."""
+        await self.vectors.delete_user(user_id)
+        await self.graph.delete_user(user_id)
+
+    # -- GraphStore ------------------------------------------------------------------------------------------------
+
+    async def get_vertices(self, user_id: str, ids: Sequence[str]) -> dict[str, Vertex]:
+        return await self.graph.get_vertices(user_id, ids)
+
+    async def find_objects(self, user_id: str, normalized_names: Sequence[str]) -> dict[str, Vertex]:
+        return await self.graph.find_objects(user_id, normalized_names)
+
+    async def neighbors(
+        self,
+        user_id: str,
+        vertex_ids: Sequence[str],
+        edge_kinds: Sequence[EdgeKind] | None = None,
+        limit_per_vertex: int | None = None,
+    ) -> list[Triplet]:
+        return await self.graph.neighbors(user_id, vertex_ids, edge_kinds, limit_per_vertex)
+
+    async def get_triplets(self, user_id: str, edge_ids: Sequence[str]) -> dict[str, Triplet]:
+        return await self.graph.get_triplets(user_id, edge_ids)
+
+    async def valid_theses(self, user_id: str, about: Sequence[str] | None = None, limit: int = 50) -> list[Vertex]:
+        return await self.graph.valid_theses(user_id, about, limit)
+
+    async def seen_events(self, user_id: str, event_ids: Sequence[str]) -> set[str]:
+        return await self.graph.seen_events(user_id, event_ids)
+
+    async def stats(self, user_id: str) -> Stats:
+        return await self.graph.stats(user_id)
+
+    # -- VectorStore -------------------------------------------------------------------------------------------------
+
+    async def search(
+        self,
+        user_id: str,
+        kinds: Sequence[str],
+        query_vector: Vector | None,
+        query_text: str | None = None,
+        k: int = 10,
+        restrict_to: Sequence[str] | None = None,
+    ) -> list[VectorHit]:
+        return await self.vectors.search(user_id, kinds, query_vector, query_text, k, restrict_to)
+
+    async def get_vectors(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]:
+        return await self.vectors.get_vectors(user_id, ids)
+
+    # -- KeyValueCache -----------------------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> str | None:
+        return await self.graph.get(key)
+
+    async def put(self, key: str, value: str) -> None:
+        await self.graph.put(key, value)
