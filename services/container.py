@@ -25,6 +25,7 @@ class Services:
 
     async def close(self) -> None:
         await self.llm.close()
+        await self.embedder.close()
         await self.store.close()
 
 

@@ -119,6 +119,9 @@ class Embedder(ABC):
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """L2-normalised vectors, one per text."""
 
+    async def close(self) -> None:
+        return None
+
 
 class LLMMessage(BaseModel):
     role: str
