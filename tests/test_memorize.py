@@ -12,6 +12,7 @@ from schemas.events import ChatMessage, Document
 from services import ids
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
+from services.domain import ChangeSet, Vertex, VertexKind
 from services.llm.scripted import ScriptedLLM, rule_extract
 from services.memorize.service import MemorizeService
 from services.settings import Settings
@@ -216,3 +217,15 @@ async def test_users_never_share_memory(store, embedder) -> None:
     await svc.memorize([msg(2, "What about Zurich?", user="bob")])
     assert (await store.stats("bob")).vertices.get("thesis", 0) == 0
     assert ids.object_id("alice", "Zurich") != ids.object_id("bob", "Zurich")
+
+
+async def test_vertices_in_the_graph_without_vectors_get_indexed(store, embedder) -> None:
+    """A remote store may hold a crashed write's graph rows without their vectors: the next write indexes them."""
+    paris = ids.object_id("u1", "Paris")
+    orphan = Vertex(id=paris, user_id="u1", kind=VertexKind.OBJECT, name="Paris")
+    await store.apply(ChangeSet(id="c-orphan", user_id="u1", event_ids=["crashed"], vertices=[orphan]), [])
+    assert await store.get_vectors("u1", [paris]) == {}
+    llm = ScriptedLLM()
+    llm.queue("extract", reply({"message": 1, "theses": [thesis("Anna lives in Paris.", "Anna", "Paris")]}))
+    await service(store, llm, embedder).memorize([msg(1, "I live in Paris.")])
+    assert paris in await store.get_vectors("u1", [paris])

@@ -233,15 +233,22 @@ class MemorizeService:
         )
 
     async def _vectors(self, change_set: ChangeSet) -> list[VectorItem]:
-        existing = await self.store.get_vertices(change_set.user_id, [v.id for v in change_set.vertices])
+        """Vectors for the vertices and relations that have none yet.
+
+        Asked of the vector index, not the graph: with a remote store the graph write may have landed before a
+        crash and the vector write not, and the replay must still index them."""
+        user_id = change_set.user_id
+        existing = await self.store.get_vertices(user_id, [v.id for v in change_set.vertices])
         names = {v.id: v.name for v in change_set.vertices} | {k: v.name for k, v in existing.items()}
+        relations = [e for e in change_set.edges if e.kind is EdgeKind.RELATION]
+        indexed = await self.store.get_vectors(user_id, [v.id for v in change_set.vertices] + [e.id for e in relations])
         entries: list[tuple[str, str, str]] = [
-            (v.id, v.kind.value, v.name[:2000]) for v in change_set.vertices if v.id not in existing
+            (v.id, v.kind.value, names[v.id][:2000]) for v in change_set.vertices if v.id not in indexed
         ]
         entries += [
             (e.id, "triplet", f"{names.get(e.source, '')} {e.relation} {names.get(e.target, '')}")
-            for e in change_set.edges
-            if e.kind is EdgeKind.RELATION
+            for e in relations
+            if e.id not in indexed
         ]
         if not entries:
             return []
