@@ -9,7 +9,6 @@ a single event that fails becomes a dead letter with the reason.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -194,13 +193,11 @@ class MemorizeService:
 
     async def _write(self, change_set: ChangeSet, events: list[MemoryEvent]) -> MemoryUpdate:
         vectors = await self._vectors(change_set)
-        started = time.perf_counter()
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2), reraise=True
         ):
             with attempt:
                 result = await self.store.apply(change_set, vectors)
-        metrics.STORE_WRITE_LATENCY.labels(store=type(self.store).__name__).observe(time.perf_counter() - started)
         committed = datetime.now(UTC)
         for event in events:
             metrics.MEMORIZE_EVENTS.labels(kind=event.kind, outcome="memorized").inc()
