@@ -18,6 +18,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from pydantic import BaseModel
 
 from memstream.broker import wait_for_kafka
+from schemas.events import Event
 from services.domain import Stats
 from services.gateway import inputs
 from services.gateway.answers import AnswerBook, AnswerFeed
@@ -119,25 +120,24 @@ def create_app(
         log.error("produce_failed", path=request.url.path, error=repr(exc))
         return JSONResponse(status_code=503, content={"detail": f"the broker did not accept the events: {exc!r}"})
 
+    async def accept(
+        request: Request, route: str, parse: Callable[[Any], Sequence[Event]], topic: str, kind: str
+    ) -> Any:
+        try:
+            events = parse(await _json_body(request))
+        except inputs.InvalidInput as exc:
+            return _invalid(route, exc)
+        await produce(topic, events)
+        GATEWAY_EVENTS.labels(kind=kind).inc(len(events))
+        return Accepted(accepted=len(events), event_ids=[e.event_id for e in events])
+
     @app.post("/v1/messages", status_code=202, response_model=Accepted)
     async def post_messages(request: Request) -> Any:
-        try:
-            events = inputs.chat_messages(await _json_body(request))
-        except inputs.InvalidInput as exc:
-            return _invalid("messages", exc)
-        await produce(topics.chat, events)
-        GATEWAY_EVENTS.labels(kind="chat_message").inc(len(events))
-        return Accepted(accepted=len(events), event_ids=[e.event_id for e in events])
+        return await accept(request, "messages", inputs.chat_messages, topics.chat, "chat_message")
 
     @app.post("/v1/documents", status_code=202, response_model=Accepted)
     async def post_documents(request: Request) -> Any:
-        try:
-            events = inputs.documents(await _json_body(request))
-        except inputs.InvalidInput as exc:
-            return _invalid("documents", exc)
-        await produce(topics.documents, events)
-        GATEWAY_EVENTS.labels(kind="document").inc(len(events))
-        return Accepted(accepted=len(events), event_ids=[e.event_id for e in events])
+        return await accept(request, "documents", inputs.documents, topics.documents, "document")
 
     @app.post("/v1/questions", status_code=202, response_model=QueryAccepted)
     async def post_question(request: Request) -> Any:
