@@ -11,6 +11,12 @@ LLM_CALLS = Counter("memstream_llm_calls_total", "LLM calls", ["model", "task", 
 LLM_TOKENS = Counter("memstream_llm_tokens_total", "LLM tokens", ["model", "task", "direction"])
 LLM_LATENCY = Histogram("memstream_llm_latency_seconds", "LLM call latency", ["model", "task"], buckets=_LATENCY)
 LLM_CACHE = Counter("memstream_llm_cache_total", "LLM cache lookups", ["task", "result"])
+LLM_IN_FLIGHT = Gauge(
+    "memstream_llm_in_flight",
+    "LLM calls holding a model slot now (queued ones excluded)",
+    ["model"],
+    multiprocess_mode="livesum",
+)
 
 # Memorize
 MEMORIZE_EVENTS = Counter("memstream_memorize_events_total", "Events memorized", ["kind", "outcome"])
@@ -19,6 +25,22 @@ MEMORIZE_BATCH_SIZE = Histogram(
 )
 MEMORIZE_CHANGES = Counter("memstream_memorize_changes_total", "Vertices/edges written", ["what"])
 EXTRACTION_FAILURES = Counter("memstream_extraction_failures_total", "Extraction calls that failed", ["reason"])
+LLM_REJECTED = Counter(
+    "memstream_llm_rejected_outputs_total",
+    "Model outputs rejected by their task's checks (never cached)",
+    ["task", "reason"],
+)
+MEMORIZE_NO_FACTS = Counter(
+    "memstream_memorize_no_facts_total",
+    "Messages memorized with no fact, by why: the model listed none, the checks dropped all, the model gave no entry",
+    ["reason"],
+)
+RESOLVE_VERDICTS = Counter(
+    "memstream_resolve_pairs_total", "New-fact/known-thesis pairs judged for contradiction, by verdict", ["verdict"]
+)
+FACTS_DROPPED = Counter(
+    "memstream_extraction_facts_dropped_total", "Extracted facts dropped by the deterministic checks", ["reason"]
+)
 STORE_WRITE_LATENCY = Histogram(
     "memstream_store_write_seconds", "Store write latency per change set", ["store"], buckets=_LATENCY
 )

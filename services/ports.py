@@ -134,6 +134,11 @@ class LLMRequest(BaseModel):
     json_schema: dict[str, Any] | None = Field(default=None, description="Constrain output to this JSON schema.")
     max_tokens: int = 1024
     temperature: float = 0.0
+    seed: int | None = Field(default=None, description="Sampling seed; None: the adapter's fixed one.")
+    validated: bool = Field(
+        default=False,
+        description="The caller validates the output and calls ``LLM.accept`` for a good one: cache only then.",
+    )
     metadata: Mapping[str, str] = Field(default_factory=dict)
 
 
@@ -151,6 +156,10 @@ class LLM(ABC):
 
     @abstractmethod
     async def complete(self, request: LLMRequest) -> LLMResponse: ...
+
+    async def accept(self, request: LLMRequest, response: LLMResponse) -> None:
+        """The caller validated ``response`` to ``request`` (a ``validated`` request): layers may now keep it."""
+        return None
 
     async def close(self) -> None:
         return None

@@ -31,12 +31,17 @@ class Settings(BaseSettings):
     weaviate_prefix: str = Field(default="Memstream", description="Weaviate collection names start with this")
 
     # Memorize micro-batching: one extraction call covers several messages of one user
-    batch_max_messages: int = Field(default=8, ge=1)
+    batch_max_messages: int = Field(default=8, ge=1, le=16)
     batch_token_budget: int = Field(default=1200, ge=64, description="approximate input tokens per extraction")
     batch_wait_s: float = Field(default=0.5, ge=0.0, description="how long to wait for a batch to fill")
     extraction_attempts: int = Field(default=3, ge=1)
     document_chunk_chars: int = Field(default=1500, ge=200)
-    invalidation_candidates: int = Field(default=8, ge=0, description="known theses shown to the extractor")
+    invalidation_candidates: int = Field(
+        default=3, ge=0, description="known theses per new fact judged for contradiction (0: no duplicate checks)"
+    )
+    duplicate_min_similarity: float = Field(
+        default=0.9, ge=0.0, le=1.0, description="cosine at which a known thesis of the same subject is the same fact"
+    )
 
     # Models
     llm: Literal["local", "ollama", "scripted"] = "local"
@@ -44,7 +49,12 @@ class Settings(BaseSettings):
     llm_model_path: Path | None = Field(default=None, description="GGUF file for the local LLM")
     llm_context: int = 8192
     llm_threads: int | None = None
-    llm_timeout_s: float = 180.0
+    llm_stall_timeout_s: float = Field(
+        default=300.0, gt=0, description="a call that produced no token for this long is retried, then fails"
+    )
+    llm_timeout_s: float | None = Field(
+        default=None, gt=0, description="cap on a whole call (unset: none; slow machines make calls slow)"
+    )
     llm_max_concurrency: int = Field(default=2, ge=1)
     llm_retries: int = Field(default=2, ge=0)
     scripted_llm: str | None = Field(

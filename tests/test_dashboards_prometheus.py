@@ -35,7 +35,7 @@ from memstream.broker import free_port
 from memstream.runtime import Stack
 from schemas.events import ChatMessage
 from services.gateway.client import GatewayClient
-from services.llm.scripted import ScriptedLLM, rule_answer, rule_extract
+from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM, rule_answer, rule_extract
 from services.ports import LLMRequest
 from services.settings import Settings
 from streams.topics import TopicNames
@@ -73,7 +73,7 @@ def _answer(request: LLMRequest) -> str | dict[str, Any]:
 
 
 def troubled_llm() -> ScriptedLLM:
-    return ScriptedLLM({"extract": _extract, "answer": _answer}, model="scripted-troubled")
+    return ScriptedLLM({**MEMORIZE_RULES, "extract": _extract, "answer": _answer}, model="scripted-troubled")
 
 
 # -- dashboards as files -

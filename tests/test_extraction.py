@@ -11,60 +11,94 @@ from services import ids
 from services.llm.scripted import ScriptedLLM
 from services.llm.task import TaskFailed, TaskOutputError, load_json_object, run_task
 from services.memorize.chunking import chunk_text
-from services.memorize.extraction import ExtractionInput, ExtractTask, Item, KnownThesis
+from services.memorize.extraction import ExtractionInput, ExtractTask, Item
 
 T = datetime(2023, 6, 2, tzinfo=UTC)
-INPUT = ExtractionInput(
-    items=[Item("Anna", "I moved to Berlin.", T), Item("Ben", "Cool!", T)],
-    known=[KnownThesis("K1", "Anna lives in Paris.", T)],
-)
+INPUT = ExtractionInput(items=[Item("Anna", "I moved to Berlin last week.", T), Item("Ben", "Cool!", T)])
+
+
+def fact(subject: str, text: str, relation: str = "", obj: str = "", when: str = "", **labels: str) -> dict:
+    return {
+        "subject": subject,
+        "fact": text,
+        "relation": relation,
+        "object": obj,
+        "when": when,
+        "kind": labels.get("kind", "FACT"),
+        "temporal": labels.get("temporal", "DYNAMIC"),
+    }
+
+
 GOOD = {
     "messages": [
-        {
-            "message": 1,
-            "theses": [
-                {
-                    "text": "Anna moved to Berlin.",
-                    "entities": ["Anna", "Berlin"],
-                    "kind": "FACT",
-                    "temporal": "DYNAMIC",
-                    "replaces": ["K1", "K9"],
-                }
-            ],
-            "triples": [{"subject": "Anna", "relation": "moved to", "object": "Berlin"}],
-        },
-        {"message": 2, "theses": [], "triples": []},
+        {"m": 1, "facts": [fact("Anna", "Anna moved to Berlin.", "moved to", "Berlin", "last week")]},
+        {"m": 2, "facts": []},
     ]
 }
 
 
-def test_parses_valid_output_and_drops_unknown_refs() -> None:
-    out = ExtractTask().parse(json.dumps(GOOD), INPUT)
-    thesis = out.messages[0].theses[0]
-    assert thesis.replaces == ["K1"]  # K9 was never shown to the model
-    assert out.messages[0].triples[0].relation == "moved to"
+def test_parses_valid_output_and_resolves_the_time_words() -> None:
+    found = ExtractTask().parse(json.dumps(GOOD), INPUT)
+    moved = found[0].facts[0]
+    assert (moved.subject, moved.text, moved.object) == ("Anna", "Anna moved to Berlin.", "Berlin")
+    assert moved.when is not None and (moved.when.start.isoformat(), moved.when.end.isoformat()) == (
+        "2023-05-22",
+        "2023-05-28",
+    )
+    assert found[1].answered and found[1].facts == []
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "```json\n" + json.dumps(GOOD) + "\n```",
-        "<think>hmm</think>" + json.dumps(GOOD),
-        "Sure! " + json.dumps(GOOD) + " Hope it helps.",
-    ],
-)
-def test_tolerates_fences_think_tags_and_chatter(text: str) -> None:
-    assert len(ExtractTask().parse(text, INPUT).messages) == 2
+def test_time_words_not_in_the_message_are_ignored() -> None:
+    out = {"messages": [{"m": 1, "facts": [fact("Anna", "Anna moved to Berlin.", when="in 2019")]}, {"m": 2}]}
+    assert ExtractTask().parse(json.dumps(out), INPUT)[0].facts[0].when is None
+
+
+def test_a_message_without_an_entry_is_reported_not_dropped() -> None:
+    out = {"messages": [{"m": 1, "facts": []}]}
+    found = ExtractTask().parse(json.dumps(out), INPUT)
+    assert found[0].answered and not found[1].answered
+
+
+def test_facts_are_rewritten_attributed_and_grounded() -> None:
+    items = [
+        Item("Caroline", "Hey Mel! Good to see you!", T),
+        Item("Melanie", "I'm swamped with the kids and work.", T),
+        Item("Caroline", "I went to a support group yesterday.", T),
+    ]
+    out = {
+        "messages": [
+            # a neighbour's fact written under a greeting: moved to the message that says it
+            {"m": 1, "facts": [fact("Caroline", "Caroline went to a support group.", when="yesterday")]},
+            # first person in the text, pronoun subject
+            {"m": 2, "facts": [fact("I", "I am swamped with my kids and work.", "is swamped with", "kids")]},
+            # the first speaker's fact given to the second speaker, and an unfounded one
+            {
+                "m": 3,
+                "facts": [
+                    fact("Melanie", "Melanie went to a support group.", "went to", "support group"),
+                    fact("Caroline", "Caroline adopted a parrot named Kiwi.", "adopted", "parrot"),
+                ],
+            },
+        ]
+    }
+    found = ExtractTask().parse(json.dumps(out), ExtractionInput(items=items))
+    assert found[0].facts == []
+    assert [f.text for f in found[1].facts] == ["Melanie is swamped with Melanie's kids and work."]
+    assert found[1].facts[0].subject == "Melanie"
+    texts = {f.text: f for f in found[2].facts}
+    assert set(texts) == {"Caroline went to a support group."}  # the two copies are one fact, the parrot is gone
+    assert texts["Caroline went to a support group."].subject == "Caroline"
+    assert "ungrounded" in found[2].dropped
 
 
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ('{"messages": [{"message": 1, "theses": [', "not valid JSON"),  # cut off by the token limit
+        ('{"messages": [{"m": 1, "facts": [', "not valid JSON"),  # cut off by the token limit
         ('{"msgs": []}', "schema violation at messages"),
-        ('{"messages": [{"message": 3}]}', "do not exist"),
-        ('{"messages": [{"message": 1, "theses": [{"text": "x", "kind": "FACT"}]}]}', "schema violation"),
-        ('{"messages": [{"message": 1, "theses": [{"text": "Anna is here", "kind": "RUMOUR"}]}]}', "schema"),
+        ('{"messages": [{"m": 3, "facts": []}]}', "do not exist"),
+        ('{"messages": [{"m": 1, "facts": [{"subject": "Anna", "fact": "x"}]}]}', "schema violation"),
+        ('{"messages": [{"m": 1, "facts": [{"subject": "A", "fact": "Anna is here", "kind": "RUMOUR"}]}]}', "schema"),
         ("[]", "schema violation"),
     ],
 )
@@ -73,10 +107,27 @@ def test_rejects_malformed_output(text: str, reason: str) -> None:
         ExtractTask().parse(text, INPUT)
 
 
-def test_schema_constrains_labels() -> None:
-    schema = json.dumps(ExtractTask().json_schema())
+def test_schema_fixes_one_entry_per_message_and_bounds_everything() -> None:
+    schema = ExtractTask().json_schema(INPUT)
+    entries = schema["properties"]["messages"]
+    assert entries["minItems"] == entries["maxItems"] == 2
+    first = entries["prefixItems"][0]["properties"]
+    assert first["m"] == {"const": 1} and first["speaker"] == {"const": "Anna"}
+    assert first["starts"] == {"const": "I moved to Berlin last"}
+    text = json.dumps(schema)
     for label in ("FACT", "OPINION", "PREDICTION", "STATIC", "DYNAMIC", "ATEMPORAL"):
-        assert label in schema
+        assert label in text
+    fact_schema = schema["$defs"]["FactOut"]["properties"]
+    assert all("maxLength" in fact_schema[k] for k in ("subject", "fact", "relation", "object", "when"))
+    assert first["facts"]["maxItems"] == 3
+
+
+def test_prompt_names_speaker_and_date_before_each_message() -> None:
+    prompt = ExtractTask().messages(INPUT)[-1].content
+    assert "[1] Anna, Friday 2 June 2023: I moved to Berlin last week." in prompt
+    assert "[2] Ben, Friday 2 June 2023: Cool!" in prompt
+    assert ExtractTask(example=False).messages(INPUT)[0].role == "system"
+    assert len(ExtractTask(example=False).messages(INPUT)) == 2
 
 
 async def test_retries_invalid_output_then_succeeds_with_feedback() -> None:

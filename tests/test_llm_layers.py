@@ -173,6 +173,40 @@ async def test_bad_output_is_not_retried_by_the_layer() -> None:
     assert len(scripted.calls) == 3
 
 
+async def test_a_rejected_output_is_never_cached_and_a_retry_samples_anew() -> None:
+    replies = iter(["not json", '{"answer": "Paris"}'])
+    scripted = ScriptedLLM({"answer": lambda r: next(replies)})
+    cache = DictCache()
+    llm = CachedLLM(scripted, cache)
+    before = sample("memstream_llm_rejected_outputs_total", task="answer", reason="not valid JSON")
+    result = await run_task(llm, Answer(), "capital of France?", attempts=2)
+    assert result.value.answer == "Paris" and result.calls == 2
+    first, second = scripted.calls
+    assert first.temperature == 0.0 and first.seed is None
+    assert second.temperature > 0 and second.seed is not None  # greedy decoding would repeat the mistake
+    assert "rejected" in second.messages[-1].content
+    # only the accepted answer is in the cache, under the request that produced it
+    assert list(cache.data) == [cache_key(scripted.model, second)]
+    assert sample("memstream_llm_rejected_outputs_total", task="answer", reason="not valid JSON") == before + 1
+
+
+async def test_a_dead_lettered_request_can_succeed_when_replayed() -> None:
+    """Nothing of a failed run is served from the cache to its replay: the model is asked again."""
+    outputs = ["not json", "still not json"]
+    scripted = ScriptedLLM({"answer": lambda r: outputs.pop(0) if outputs else '{"answer": "Paris"}'})
+    llm = CachedLLM(scripted, DictCache())
+    with pytest.raises(TaskFailed):
+        await run_task(llm, Answer(), "capital of France?", attempts=2)
+    replay = await run_task(llm, Answer(), "capital of France?", attempts=2)
+    assert replay.value.answer == "Paris" and replay.cached_calls == 0
+
+
+async def test_empty_answers_are_not_cached() -> None:
+    cache = DictCache()
+    await CachedLLM(ScriptedLLM({"t": lambda r: "  "}), cache).complete(ask())
+    assert cache.data == {}
+
+
 async def test_concurrency_bound_is_respected() -> None:
     scripted = ScriptedLLM({"t": lambda r: "ok"}, delay_s=0.01)
     llm = LimitedLLM(scripted, max_concurrency=2)

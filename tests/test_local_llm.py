@@ -252,7 +252,7 @@ def closed_port_url() -> str:
 
 
 async def test_ollama_unreachable_is_a_transport_error() -> None:
-    llm = OllamaLLM("any", host=closed_port_url(), timeout_s=2)
+    llm = OllamaLLM("any", host=closed_port_url(), stall_timeout_s=2)
     request = LLMRequest(task="t", messages=[LLMMessage(role="user", content="hi")])
     with pytest.raises(ConnectionError):
         await llm.complete(request)
@@ -290,7 +290,7 @@ async def test_ollama_llm_json_schema() -> None:
     model = os.environ.get("MEMSTREAM_OLLAMA_MODEL", "qwen2.5-coder:0.5b")
     if model not in ollama_models(host):
         pytest.skip(f"ollama has no model {model}")
-    llm = OllamaLLM(model, host=host, timeout_s=120)
+    llm = OllamaLLM(model, host=host, stall_timeout_s=120)
     response = await llm.complete(person_request())
     assert Person.model_validate_json(response.text).age == 34
     assert response.tokens_out > 0 and response.finish_reason in {"stop", "length"}

@@ -7,17 +7,25 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from schemas.events import ChatMessage, Document
 from services import ids
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, Vertex, VertexKind
-from services.llm.scripted import ScriptedLLM, rule_extract
+from services.llm.layers import RetryingLLM
+from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM, rule_extract
 from services.memorize.service import MemorizeService
 from services.settings import Settings
 
 T0 = datetime(2023, 5, 1, 9, 0, tzinfo=UTC)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 INGEST = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
@@ -44,12 +52,25 @@ def msg(n: int, text: str, user: str = "u1", speaker: str = "Anna", at: datetime
     )
 
 
-def reply(*messages: dict) -> dict:
-    return {"messages": list(messages)}
+def reply(*facts: dict, count: int = 1) -> dict:
+    """The extraction reply for ``count`` messages, all ``facts`` under the first."""
+    return {"messages": [{"m": n, "facts": list(facts) if n == 1 else []} for n in range(1, count + 1)]}
 
 
-def thesis(text: str, *entities: str, replaces: list[str] | None = None, temporal: str = "DYNAMIC") -> dict:
-    return {"text": text, "entities": list(entities), "kind": "FACT", "temporal": temporal, "replaces": replaces or []}
+def fact(text: str, subject: str = "Anna", relation: str = "", obj: str = "", when: str = "", **labels: str) -> dict:
+    return {
+        "subject": subject,
+        "fact": text,
+        "relation": relation,
+        "object": obj,
+        "when": when,
+        "kind": labels.get("kind", "FACT"),
+        "temporal": labels.get("temporal", "DYNAMIC"),
+    }
+
+
+def verdicts(*words: str) -> dict:
+    return {"pairs": [{"p": n, "verdict": w} for n, w in enumerate(words, start=1)]}
 
 
 def service(
@@ -61,16 +82,7 @@ def service(
 
 async def test_builds_all_vertex_and_edge_kinds_with_timestamps(store, embedder) -> None:
     llm = ScriptedLLM()
-    llm.queue(
-        "extract",
-        reply(
-            {
-                "message": 1,
-                "theses": [thesis("Anna lives in Paris.", "Anna", "Paris")],
-                "triples": [{"subject": "Anna", "relation": "Lives In", "object": "Paris"}],
-            }
-        ),
-    )
+    llm.queue("extract", reply(fact("Anna lives in Paris.", "Anna", "Lives In", "Paris")))
     outcome = await service(store, llm, embedder).memorize([msg(1, "I live in Paris.")])
     assert not outcome.dead_letters and len(outcome.updates) == 1
     stats = await store.stats("u1")
@@ -86,7 +98,7 @@ async def test_builds_all_vertex_and_edge_kinds_with_timestamps(store, embedder)
 
 
 async def test_replay_changes_nothing_and_costs_no_llm_call(store, embedder) -> None:
-    llm = ScriptedLLM({"extract": rule_extract})
+    llm = ScriptedLLM(dict(MEMORIZE_RULES))
     events = [msg(i, f"I met Bob at the Louvre on day {i}.") for i in range(1, 6)]
     svc = service(store, llm, embedder)
     await svc.memorize(events)
@@ -100,14 +112,14 @@ async def test_replay_changes_nothing_and_costs_no_llm_call(store, embedder) -> 
 
 async def test_replay_of_a_change_set_after_crash_is_byte_identical(store, embedder) -> None:
     """Same events re-extracted from scratch (e.g. the write was lost) produce the same rows."""
-    llm = ScriptedLLM({"extract": rule_extract})
+    llm = ScriptedLLM(dict(MEMORIZE_RULES))
     events = [msg(i, f"Carl joined Greenpeace in Oslo, note {i}.") for i in range(1, 4)]
     await service(store, llm, embedder).memorize(events)
     first = await store.dump()
     other = SqliteMemoryStore(store.path.parent / "other.sqlite3", dim=384)  # type: ignore[attr-defined]
     try:
-        await service(other, ScriptedLLM({"extract": rule_extract}), embedder).memorize(events)
-        await service(other, ScriptedLLM({"extract": rule_extract}), embedder).memorize(events)
+        await service(other, ScriptedLLM(dict(MEMORIZE_RULES)), embedder).memorize(events)
+        await service(other, ScriptedLLM(dict(MEMORIZE_RULES)), embedder).memorize(events)
         assert await other.dump() == first
     finally:
         await other.close()
@@ -115,18 +127,21 @@ async def test_replay_of_a_change_set_after_crash_is_byte_identical(store, embed
 
 async def test_contradiction_invalidates_without_deleting(store, embedder) -> None:
     llm = ScriptedLLM()
-    llm.queue("extract", reply({"message": 1, "theses": [thesis("Anna lives in Paris.", "Anna", "Paris")]}))
+    llm.queue("extract", reply(fact("Anna lives in Paris.", relation="lives in", obj="Paris")))
     svc = service(store, llm, embedder)
     await svc.memorize([msg(1, "I live in Paris.")])
+    llm.queue("extract", reply(fact("Anna lives in Berlin.", relation="lives in", obj="Berlin")))
 
-    def moved(request):  # the known thesis must be offered to the extractor as K1
-        assert "K1: [2023-05-01] Anna lives in Paris." in request.messages[-1].content
-        return reply({"message": 1, "theses": [thesis("Anna lives in Berlin.", "Anna", "Berlin", replaces=["K1"])]})
+    def judge(request):  # the known thesis is found for the new fact and judged with it, after extraction
+        assert "NEW (2023-05-31): Anna lives in Berlin." in request.messages[-1].content
+        assert "KNOWN (2023-05-01): Anna lives in Paris." in request.messages[-1].content
+        return verdicts("updates")
 
-    llm.responders["extract"] = moved
+    llm.responders["resolve"] = judge
     later = msg(2, "I moved to Berlin!", at=T0 + timedelta(days=30))
     outcome = await svc.memorize([later])
-    assert outcome.updates[0].theses_invalidated == 1
+    assert all("Paris" not in m.content for r in llm.calls_for("extract")[1:] for m in r.messages[-1:])
+    assert outcome.updates[0].theses_invalidated == 1 and outcome.updates[0].llm_calls == 2
     old_id, new_id = ids.thesis_id("u1", "Anna lives in Paris."), ids.thesis_id("u1", "Anna lives in Berlin.")
     found = await store.get_vertices("u1", [old_id, new_id])
     old = found[old_id]
@@ -139,15 +154,37 @@ async def test_contradiction_invalidates_without_deleting(store, embedder) -> No
     assert [v.id for v in await store.valid_theses("u1")] == [new_id]
 
 
+async def test_a_repeated_fact_adds_a_source_not_a_copy(store, embedder) -> None:
+    llm = ScriptedLLM()
+    llm.queue("extract", reply(fact("Anna enjoys hiking in the mountains.", obj="mountains")))
+    svc = service(store, llm, embedder)
+    await svc.memorize([msg(1, "I enjoy hiking in the mountains.")])
+    llm.queue("extract", reply(fact("Anna likes hiking in mountains.", obj="mountains")))
+    llm.queue("resolve", verdicts("same"))
+    await svc.memorize([msg(2, "I like hiking in mountains a lot.")])
+    assert (await store.stats("u1")).vertices["thesis"] == 1
+    known = ids.thesis_id("u1", "Anna enjoys hiking in the mountains.")
+    episodes = {t.end.id for t in await store.neighbors("u1", [known]) if t.end.kind is VertexKind.EPISODIC}
+    assert episodes == {ids.episode_id("u1", "m1"), ids.episode_id("u1", "m2")}
+
+
+async def test_unrelated_facts_are_not_judged(store, embedder) -> None:
+    llm = ScriptedLLM()
+    llm.queue("extract", reply(fact("Anna lives in Paris.", relation="lives in", obj="Paris")))
+    svc = service(store, llm, embedder)
+    await svc.memorize([msg(1, "I live in Paris.")])
+    llm.queue("extract", reply(fact("Anna bought a red bicycle.", obj="bicycle")))
+    await svc.memorize([msg(2, "I bought a red bicycle.")])
+    assert llm.calls_for("resolve") == []  # no candidate near enough: no call
+
+
 async def test_late_event_about_the_past_is_the_one_invalidated(store, embedder) -> None:
     llm = ScriptedLLM()
-    llm.queue("extract", reply({"message": 1, "theses": [thesis("Anna lives in Berlin.", "Anna", "Berlin")]}))
+    llm.queue("extract", reply(fact("Anna lives in Berlin.", relation="lives in", obj="Berlin")))
     svc = service(store, llm, embedder)
     await svc.memorize([msg(1, "I live in Berlin.", at=T0 + timedelta(days=30))])
-    llm.queue(
-        "extract",
-        reply({"message": 1, "theses": [thesis("Anna lives in Paris.", "Anna", "Paris", replaces=["K1"])]}),
-    )
+    llm.queue("extract", reply(fact("Anna lives in Paris.", relation="lives in", obj="Paris")))
+    llm.queue("resolve", verdicts("updates"))
     await svc.memorize([msg(2, "I live in Paris.", at=T0)])  # said earlier, arrived later
     berlin, paris = ids.thesis_id("u1", "Anna lives in Berlin."), ids.thesis_id("u1", "Anna lives in Paris.")
     found = await store.get_vertices("u1", [berlin, paris])
@@ -155,19 +192,54 @@ async def test_late_event_about_the_past_is_the_one_invalidated(store, embedder)
     assert found[paris].t_invalid == T0 + timedelta(days=30) and found[paris].invalidated_by == berlin
 
 
+async def test_a_message_with_no_facts_says_why(store, embedder) -> None:
+    llm = ScriptedLLM()
+    llm.queue("extract", reply(fact("Anna adopted a parrot.", obj="parrot"), count=2))
+    before = sample("memstream_memorize_no_facts_total", reason="all_dropped")
+    await service(store, llm, embedder).memorize([msg(1, "Hi Ben, how are you?"), msg(2, "Good, you?", speaker="Ben")])
+    episodes = await store.get_vertices("u1", [ids.episode_id("u1", "m1"), ids.episode_id("u1", "m2")])
+    assert episodes[ids.episode_id("u1", "m1")].props["no_facts"] == "all_dropped"  # the parrot is not in it
+    assert episodes[ids.episode_id("u1", "m2")].props["no_facts"] == "none_listed"
+    assert sample("memstream_memorize_no_facts_total", reason="all_dropped") == before + 1
+
+
+async def test_a_message_the_model_skipped_is_asked_again(store, embedder) -> None:
+    llm = ScriptedLLM()
+    llm.queue("extract", {"messages": [{"m": 1, "facts": []}]})  # no entry for message 2
+    llm.queue("extract", reply(fact("Ben plays the cello.", subject="Ben", obj="cello")))
+    outcome = await service(store, llm, embedder).memorize(
+        [msg(1, "Hello!"), msg(2, "I play the cello.", speaker="Ben")]
+    )
+    assert len(llm.calls_for("extract")) == 2 and "[1] Ben" in llm.calls_for("extract")[1].messages[-1].content
+    assert outcome.updates[0].theses_added == 1
+
+
+async def test_an_unreachable_model_dead_letters_with_the_attempts_made(store, embedder) -> None:
+    class Down(ScriptedLLM):
+        async def complete(self, request):
+            self.calls.append(request)
+            raise TimeoutError("no progress")
+
+    down = Down()
+    llm = RetryingLLM(down, attempts=3, backoff_s=0.001)
+    outcome = await service(store, llm, embedder).memorize([msg(1, "I live in Paris.")], source_topic="chat")
+    [dead] = outcome.dead_letters
+    assert dead.reason == "llm_unavailable" and dead.attempts == 3 == len(down.calls)
+
+
 async def test_micro_batching_cuts_llm_calls_per_message(store, embedder) -> None:
     events = [msg(i, f"Message number {i} about Rome.") for i in range(1, 17)]
-    batched = ScriptedLLM({"extract": rule_extract})
+    batched = ScriptedLLM(dict(MEMORIZE_RULES))
     await service(store, batched, embedder, batch_max_messages=8).memorize(events)
-    assert len(batched.calls) == 2
-    single = ScriptedLLM({"extract": rule_extract})
+    assert len(batched.calls_for("extract")) == 2
+    single = ScriptedLLM(dict(MEMORIZE_RULES))
     events2 = [msg(100 + i, f"Message number {i} about Rome.", user="u2") for i in range(1, 17)]
     await service(store, single, embedder, batch_max_messages=1).memorize(events2)
-    assert len(single.calls) == 16
+    assert len(single.calls_for("extract")) == 16
 
 
 async def test_token_budget_bounds_a_batch(store, embedder) -> None:
-    llm = ScriptedLLM({"extract": rule_extract})
+    llm = ScriptedLLM(dict(MEMORIZE_RULES))
     events = [msg(i, "Long story about Venice. " * 40) for i in range(1, 5)]  # ~250 tokens each
     await service(store, llm, embedder, batch_max_messages=8, batch_token_budget=600).memorize(events)
     assert len(llm.calls) == 2
@@ -179,7 +251,7 @@ async def test_poison_message_is_dead_lettered_and_neighbours_survive(store, emb
             return "{broken"
         return rule_extract(request)
 
-    llm = ScriptedLLM({"extract": extract})
+    llm = ScriptedLLM({**MEMORIZE_RULES, "extract": extract})
     events = [msg(1, "Hello from Madrid."), msg(2, "POISON pill"), msg(3, "Greetings from Lisbon.")]
     outcome = await service(store, llm, embedder, extraction_attempts=2).memorize(events, source_topic="chat")
     assert [d.failed_event_ids for d in outcome.dead_letters] == [["m2"]]
@@ -191,7 +263,7 @@ async def test_poison_message_is_dead_lettered_and_neighbours_survive(store, emb
 
 
 async def test_documents_are_chunked_into_episodes(store, embedder) -> None:
-    llm = ScriptedLLM({"extract": rule_extract})
+    llm = ScriptedLLM(dict(MEMORIZE_RULES))
     doc = Document(
         event_id="d1",
         user_id="u1",
@@ -206,16 +278,14 @@ async def test_documents_are_chunked_into_episodes(store, embedder) -> None:
 
 
 async def test_users_never_share_memory(store, embedder) -> None:
-    llm = ScriptedLLM({"extract": rule_extract})
+    llm = ScriptedLLM()
+    llm.queue("extract", reply(fact("Alice keeps her secret in Zurich.", subject="Alice", obj="Zurich")))
     svc = service(store, llm, embedder)
-    await svc.memorize([msg(1, "My secret is in Zurich.", user="alice")])
-    llm.responders["extract"] = lambda request: (
-        reply({"message": 1, "theses": []})
-        if "secret" not in request.messages[-1].content
-        else pytest.fail("alice's thesis was shown to bob's extraction")
-    )
-    await svc.memorize([msg(2, "What about Zurich?", user="bob")])
-    assert (await store.stats("bob")).vertices.get("thesis", 0) == 0
+    await svc.memorize([msg(1, "My secret is kept in Zurich.", user="alice", speaker="Alice")])
+    llm.queue("extract", reply(fact("Bob keeps his secret in Zurich.", subject="Bob", obj="Zurich")))
+    llm.responders["resolve"] = lambda request: pytest.fail("alice's thesis was offered for bob's fact")
+    await svc.memorize([msg(2, "My secret is kept in Zurich.", user="bob", speaker="Bob")])
+    assert (await store.stats("bob")).vertices.get("thesis", 0) == 1
     assert ids.object_id("alice", "Zurich") != ids.object_id("bob", "Zurich")
 
 
@@ -226,6 +296,6 @@ async def test_vertices_in_the_graph_without_vectors_get_indexed(store, embedder
     await store.apply(ChangeSet(id="c-orphan", user_id="u1", event_ids=["crashed"], vertices=[orphan]), [])
     assert await store.get_vectors("u1", [paris]) == {}
     llm = ScriptedLLM()
-    llm.queue("extract", reply({"message": 1, "theses": [thesis("Anna lives in Paris.", "Anna", "Paris")]}))
+    llm.queue("extract", reply(fact("Anna lives in Paris.", relation="lives in", obj="Paris")))
     await service(store, llm, embedder).memorize([msg(1, "I live in Paris.")])
     assert paris in await store.get_vectors("u1", [paris])

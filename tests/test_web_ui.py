@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaProducer
 from memstream.runtime import Stack
 from schemas.events import Answer, AnswerStatus, ChatMessage, EvidenceTriplet, StageEvent, StageStatus
 from services.gateway.client import GatewayClient
-from services.llm.scripted import ScriptedLLM, rule_extract
+from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM
 from services.ports import LLMRequest
 from services.settings import Settings
 from streams.codec import encode
@@ -139,7 +139,7 @@ def _enhance(request: LLMRequest) -> dict[str, list[str]]:
 def planning_llm() -> ScriptedLLM:
     return ScriptedLLM(
         {
-            "extract": rule_extract,
+            **MEMORIZE_RULES,
             "decompose": lambda r: {
                 "sub_questions": [p.strip() + "?" for p in _split(_line(_prompt(r, "Question"), "Question"))]
             },

@@ -40,6 +40,7 @@ def build_adapter(settings: Settings) -> LLM:
             n_ctx=settings.llm_context,
             n_parallel=settings.llm_max_concurrency,
             n_threads=settings.llm_threads,
+            stall_timeout_s=settings.llm_stall_timeout_s,
         )
     if settings.llm == "ollama":
         from services.adapters.ollama import OllamaLLM
@@ -47,7 +48,7 @@ def build_adapter(settings: Settings) -> LLM:
         return OllamaLLM(
             settings.llm_model,
             host=settings.ollama_host,
-            timeout_s=settings.llm_timeout_s,
+            stall_timeout_s=settings.llm_stall_timeout_s,
             num_ctx=settings.llm_context,
         )
     if settings.llm == "scripted":

@@ -25,7 +25,7 @@ from tenacity import (
 )
 
 from services.logging import get_logger
-from services.metrics import LLM_CACHE, LLM_CALLS, LLM_LATENCY, LLM_TOKENS
+from services.metrics import LLM_CACHE, LLM_CALLS, LLM_IN_FLIGHT, LLM_LATENCY, LLM_TOKENS
 from services.ports import LLM, KeyValueCache, LLMRequest, LLMResponse
 
 log = get_logger(__name__)
@@ -34,6 +34,11 @@ LLM_RETRIES = Counter("memstream_llm_retries_total", "LLM calls retried after a 
 
 #: Failures worth another attempt: the model was unreachable or slow, not wrong.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
+
+
+def attempts_made(exc: BaseException) -> int:
+    """How many times ``RetryingLLM`` tried before it gave up with ``exc`` (1 if it did not retry)."""
+    return int(getattr(exc, "llm_attempts", 1))
 
 
 class LLMLayer(LLM):
@@ -45,6 +50,9 @@ class LLMLayer(LLM):
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         return await self.inner.complete(request)
+
+    async def accept(self, request: LLMRequest, response: LLMResponse) -> None:
+        await self.inner.accept(request, response)
 
     async def close(self) -> None:
         await self.inner.close()
@@ -58,13 +66,17 @@ def cache_key(model: str, request: LLMRequest) -> str:
         "json_schema": request.json_schema,
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
+        "seed": request.seed,
     }
     encoded = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return "llm:" + hashlib.sha256(encoded.encode()).hexdigest()
 
 
 class CachedLLM(LLMLayer):
-    """Answers repeated requests from a ``KeyValueCache``; hits come back with ``cached=True``."""
+    """Answers repeated requests from a ``KeyValueCache``; hits come back with ``cached=True``.
+
+    A ``validated`` request is stored only when its caller accepts the answer: a rejected output is never served
+    again (not to the retry, not to a replayed dead letter)."""
 
     def __init__(self, inner: LLM, cache: KeyValueCache) -> None:
         super().__init__(inner)
@@ -83,9 +95,18 @@ class CachedLLM(LLMLayer):
                 return hit.model_copy(update={"cached": True})
         LLM_CACHE.labels(request.task, "miss").inc()
         response = await self.inner.complete(request)
-        if response.finish_reason != "cancelled":
-            await self.cache.put(key, response.model_copy(update={"cached": False}).model_dump_json())
+        if not request.validated:
+            await self._store(key, response)
         return response
+
+    async def accept(self, request: LLMRequest, response: LLMResponse) -> None:
+        await self._store(cache_key(self.inner.model, request), response)
+        await self.inner.accept(request, response)
+
+    async def _store(self, key: str, response: LLMResponse) -> None:
+        if response.finish_reason == "cancelled" or not response.text.strip():
+            return  # an empty or cut-short answer is a failure, never a result to replay
+        await self.cache.put(key, response.model_copy(update={"cached": False}).model_dump_json())
 
 
 class RetryingLLM(LLMLayer):
@@ -129,10 +150,17 @@ class RetryingLLM(LLMLayer):
             before_sleep=before_sleep,
             reraise=True,
         )
-        async for attempt in retrying:
-            with attempt:
-                async with asyncio.timeout(self.timeout_s):
-                    return await self.inner.complete(request)
+        made = 0
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    made = attempt.retry_state.attempt_number
+                    async with asyncio.timeout(self.timeout_s):
+                        return await self.inner.complete(request)
+        except TRANSIENT_ERRORS as exc:
+            exc.add_note(f"{self.model} {request.task}: gave up after {made} attempt(s)")
+            exc.llm_attempts = made  # type: ignore[attr-defined]
+            raise
         raise AssertionError("unreachable: tenacity reraises the last error")
 
 
@@ -150,10 +178,13 @@ class LimitedLLM(LLMLayer):
         async with self._slots:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            gauge = LLM_IN_FLIGHT.labels(self.model)
+            gauge.inc()
             try:
                 return await self.inner.complete(request)
             finally:
                 self.in_flight -= 1
+                gauge.dec()
 
 
 @dataclass
@@ -247,5 +278,6 @@ __all__ = [
     "MeteredLLM",
     "RetryingLLM",
     "Usage",
+    "attempts_made",
     "cache_key",
 ]

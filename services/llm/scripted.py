@@ -64,7 +64,7 @@ class ScriptedLLM(LLM):
 _WORD = re.compile(r"[A-Za-z0-9']+")
 _CAPITAL = re.compile(r"\b[A-Z][a-zA-Z0-9'-]+(?:\s+[A-Z][a-zA-Z0-9'-]+)*")
 _STOP = {"I", "I'm", "The", "A", "An", "It", "We", "You", "He", "She", "They", "My", "Our", "This", "That", "Wow"}
-_ITEM = re.compile(r"^(\d+)\. \[([0-9-]+)\] (?:([^:]{1,80}): )?(.*)$")
+_ITEM = re.compile(r'^\[(\d+)\] (?:document (?:"(.*)", )?|([^,]{1,80}), )[A-Za-z]+ \d{1,2} [A-Za-z]+ \d{4}: (.*)$')
 
 
 def _last_user(request: LLMRequest, marker: str = "") -> str:
@@ -73,38 +73,53 @@ def _last_user(request: LLMRequest, marker: str = "") -> str:
 
 
 def rule_extract(request: LLMRequest) -> dict[str, Any]:
-    """A content-derived stand-in for the ``extract`` task: one thesis per message, capitalised words as entities.
+    """A content-derived stand-in for the ``extract`` task: one fact per message (its text, attributed to the
+    speaker), the first capitalised word as its object.
 
     Deterministic and instant: for pipeline tests and throughput benchmarks, never for quality claims.
     """
-    block = _last_user(request, "MESSAGES:").split("MESSAGES:\n", 1)[-1]
     messages = []
-    for line in block.splitlines():
+    for line in _last_user(request, "[1] ").splitlines():
         match = _ITEM.match(line)
         if not match:
             continue
-        number, _, speaker, text = match.groups()
-        entities = [e for e in _CAPITAL.findall(text) if e not in _STOP][:6]
-        subject = speaker or (entities[0] if entities else "document")
-        thesis = f"{speaker}: {text}" if speaker else text
+        number, title, speaker, text = match.groups()
+        entities = [e for e in _CAPITAL.findall(text) if e not in _STOP and e != speaker][:3]
+        subject = speaker or (entities[0] if entities else title or "document")
+        fact = f"{speaker}: {text}" if speaker else text
         messages.append(
             {
-                "message": int(number),
-                "theses": [
+                "m": int(number),
+                "facts": [
                     {
-                        "text": thesis[:400],
-                        "entities": [subject, *entities],
+                        "subject": subject,
+                        "fact": fact[:200],
+                        "relation": "mentioned" if entities else "",
+                        "object": entities[0] if entities else "",
+                        "when": "",
                         "kind": "FACT",
                         "temporal": "DYNAMIC",
-                        "replaces": [],
                     }
-                ],
-                "triples": [
-                    {"subject": subject, "relation": "mentioned", "object": e} for e in entities[:3] if e != subject
                 ],
             }
         )
     return {"messages": messages}
+
+
+_PAIR = re.compile(r"^\[(\d+)\] NEW \([^)]*\): (.*)\n\s+KNOWN \([^)]*\): (.*)$", re.MULTILINE)
+
+
+def rule_resolve(request: LLMRequest) -> dict[str, Any]:
+    """Stand-in for the ``resolve`` task: "same" for equal words, else "compatible" (never invalidates)."""
+    pairs = []
+    for number, new, known in _PAIR.findall(request.messages[-1].content):
+        same = _WORD.findall(new.lower()) == _WORD.findall(known.lower())
+        pairs.append({"p": int(number), "verdict": "same" if same else "compatible"})
+    return {"pairs": pairs}
+
+
+#: The rule-based responders for memorize's tasks.
+MEMORIZE_RULES = {"extract": rule_extract, "resolve": rule_resolve}
 
 
 def rule_answer(request: LLMRequest) -> dict[str, Any]:
@@ -123,4 +138,4 @@ def rule_answer(request: LLMRequest) -> dict[str, Any]:
 
 
 def rule_based_llm(delay_s: float = 0.0) -> ScriptedLLM:
-    return ScriptedLLM({"extract": rule_extract, "answer": rule_answer}, model="scripted-rules", delay_s=delay_s)
+    return ScriptedLLM({**MEMORIZE_RULES, "answer": rule_answer}, model="scripted-rules", delay_s=delay_s)

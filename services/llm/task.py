@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from services.logging import get_logger
+from services.metrics import LLM_REJECTED
 from services.ports import LLM, LLMMessage, LLMRequest
+
+log = get_logger(__name__)
 
 T = TypeVar("T")
 OutT = TypeVar("OutT", bound=BaseModel)
@@ -76,7 +81,8 @@ class LLMTask(ABC, Generic[OutT, T]):
         """Semantic checks and conversion; raise ``TaskOutputError`` to make the call retry."""
         return output  # type: ignore[return-value]
 
-    def json_schema(self) -> dict[str, Any]:
+    def json_schema(self, inputs: Any = None) -> dict[str, Any]:
+        """The output schema; a task may narrow it per call (fixed entry counts, the refs it was shown)."""
         return self.output_model.model_json_schema()
 
     def parse(self, text: str, inputs: Any) -> T:
@@ -90,8 +96,15 @@ class LLMTask(ABC, Generic[OutT, T]):
         return self.postprocess(output, inputs)
 
 
+#: Sampling for attempts after a rejected output: greedy decoding would give the same answer again, and a replayed
+#: dead letter must be able to come out differently from the run that dead-lettered it.
+RETRY_TEMPERATURE = 0.6
+
+
 async def run_task(llm: LLM, task: LLMTask[Any, T], inputs: Any, attempts: int = 3) -> TaskResult[T]:
+    """Ask, validate, retry with the error shown. Only an accepted output is cached (``llm.accept``)."""
     messages = task.messages(inputs)
+    schema = task.json_schema(inputs)
     result: TaskResult[Any] = TaskResult(value=None)
     last_error = "no attempt made"
     last_text: str | None = None
@@ -99,8 +112,11 @@ async def run_task(llm: LLM, task: LLMTask[Any, T], inputs: Any, attempts: int =
         request = LLMRequest(
             task=task.name,
             messages=messages,
-            json_schema=task.json_schema(),
+            json_schema=schema,
             max_tokens=task.max_tokens,
+            temperature=0.0 if attempt == 1 else RETRY_TEMPERATURE,
+            seed=None if attempt == 1 else secrets.randbelow(2**31),
+            validated=True,
             metadata={"attempt": str(attempt)},
         )
         response = await llm.complete(request)
@@ -112,12 +128,12 @@ async def run_task(llm: LLM, task: LLMTask[Any, T], inputs: Any, attempts: int =
         last_text = response.text
         try:
             result.value = task.parse(response.text, inputs)
-            return result
         except TaskOutputError as exc:
             last_error = str(exc)
             if response.finish_reason == "length":
                 last_error += " (output cut off by the token limit)"
-            # Show the model its mistake: this also changes the prompt, so a cache never replays the bad answer.
+            rejected(task.name, last_error)
+            # Show the model its mistake: this also changes the prompt, so no cache could replay the bad answer.
             messages = [
                 *task.messages(inputs),
                 LLMMessage(role="assistant", content=response.text[:2000]),
@@ -127,4 +143,15 @@ async def run_task(llm: LLM, task: LLMTask[Any, T], inputs: Any, attempts: int =
                     "matching the schema, shorter if needed.",
                 ),
             ]
+            continue
+        if not response.cached:
+            await llm.accept(request, response)
+        return result
     raise TaskFailed(task.name, last_error, attempts, last_text)
+
+
+def rejected(task: str, reason: str) -> None:
+    """Count and log a rejected model output (never cached, never passed on)."""
+    kind = reason.split(":", 1)[0].split(" (", 1)[0][:40]
+    LLM_REJECTED.labels(task, kind).inc()
+    log.warning("llm_output_rejected", task=task, reason=reason[:300])

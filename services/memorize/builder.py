@@ -16,7 +16,7 @@ from services.domain import (
     Vertex,
     VertexKind,
 )
-from services.memorize.extraction import MessageOut
+from services.memorize.extraction import Fact, ItemFacts
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,13 @@ class Source:
 class KnownRef:
     id: str
     t_valid: datetime | None
+
+
+def thesis_text(fact: Fact) -> str:
+    """A fact as stored: the date it is about goes into its text, so every retriever and the reader see it."""
+    if fact.when is None:
+        return fact.text
+    return f"{fact.text.rstrip('.')} ({fact.when.describe()})."
 
 
 class ChangeSetBuilder:
@@ -80,7 +87,11 @@ class ChangeSetBuilder:
             )
         )
 
-    def add(self, src: Source, out: MessageOut | None, known: dict[str, KnownRef]) -> None:
+    def add(self, src: Source, found: ItemFacts | None, same_as: dict[int, str] | None = None) -> list[str]:
+        """The episode of ``src`` and its facts; returns the thesis id of each fact, in order.
+
+        ``same_as`` maps a fact's index to a known thesis it repeats: that thesis gains this episode as a source
+        instead of a second, reworded copy being written."""
         episode = self._vertex(
             Vertex(
                 id=ids.episode_id(self.user_id, src.event_id, src.chunk),
@@ -92,41 +103,60 @@ class ChangeSetBuilder:
                 t_valid=src.event_time,
             )
         )
-        if out is None:
-            return
+        if found is None:
+            return []
         touched: set[str] = set()
-        for thesis_out in out.theses:
-            thesis = self._vertex(
-                Vertex(
-                    id=ids.thesis_id(self.user_id, thesis_out.text),
-                    user_id=self.user_id,
-                    kind=VertexKind.THESIS,
-                    name=thesis_out.text,
-                    props={"event_id": src.event_id},
-                    t_created=src.ingest_time,
-                    t_valid=src.event_time,
-                    episode_label=EpisodeLabel(thesis_out.kind),
-                    temporal_label=TemporalLabel(thesis_out.temporal),
-                )
-            )
+        thesis_ids: list[str] = []
+        for n, fact in enumerate(found.facts):
+            known = (same_as or {}).get(n)
+            if known is not None:
+                thesis_ids.append(known)
+                touched.add(known)
+                continue
+            thesis = self._vertex(self._thesis(fact, src))
+            thesis_ids.append(thesis.id)
             touched.add(thesis.id)
-            for entity in thesis_out.entities:
-                obj = self._object(entity, src)
+            entities = [self._object(fact.subject, src)]
+            if fact.object:
+                entities.append(self._object(fact.object, src))
+            for obj in entities:
                 touched.add(obj.id)
                 self._edge(EdgeKind.THESIS, obj.id, EdgeKind.THESIS.value, thesis.id, src)
-            for ref in thesis_out.replaces:
-                old = known.get(ref)
-                if old is None or old.id == thesis.id:
-                    continue
-                self._invalidate(old, thesis, src)
-        for triple in out.triples:
-            subject, obj = self._object(triple.subject, src), self._object(triple.object, src)
-            if subject.id == obj.id:
-                continue
-            touched.update((subject.id, obj.id))
-            self._edge(EdgeKind.RELATION, subject.id, " ".join(triple.relation.lower().split()), obj.id, src)
+            if fact.object and fact.relation and entities[0].id != entities[-1].id:
+                relation = " ".join(fact.relation.lower().split())
+                self._edge(EdgeKind.RELATION, entities[0].id, relation, entities[-1].id, src)
         for vertex_id in sorted(touched):
             self._edge(EdgeKind.EPISODIC, vertex_id, EdgeKind.EPISODIC.value, episode.id, src)
+        return thesis_ids
+
+    def _thesis(self, fact: Fact, src: Source) -> Vertex:
+        text = thesis_text(fact)
+        props = {"event_id": src.event_id, "subject": fact.subject}
+        if fact.object and fact.relation:
+            # what a later fact is compared with: same subject and relation, another object may replace it
+            props |= {"relation": ids.normalize_text(fact.relation), "object": fact.object}
+        if fact.when is not None:
+            props |= {
+                "when_text": fact.when.text,
+                "when_start": fact.when.start.isoformat(),
+                "when_end": fact.when.end.isoformat(),
+            }
+        return Vertex(
+            id=ids.thesis_id(self.user_id, text),
+            user_id=self.user_id,
+            kind=VertexKind.THESIS,
+            name=text,
+            props=props,
+            t_created=src.ingest_time,
+            t_valid=src.event_time,
+            episode_label=EpisodeLabel(fact.kind),
+            temporal_label=TemporalLabel(fact.temporal),
+        )
+
+    def invalidate(self, old: KnownRef, new_id: str, src: Source) -> None:
+        new = self._vertices.get(new_id)
+        if new is not None and new.kind is VertexKind.THESIS and old.id != new_id:
+            self._invalidate(old, new, src)
 
     def _invalidate(self, old: KnownRef, new: Vertex, src: Source) -> None:
         if old.t_valid is not None and new.t_valid is not None and old.t_valid > new.t_valid:

@@ -1,139 +1,253 @@
-"""The extraction task: theses, triples and labels for a micro-batch of one user's messages, in ONE LLM call.
+"""The extraction task: the facts worth remembering in a micro-batch of one user's messages, in ONE LLM call.
 
-Scripted-LLM contract (task name ``extract``): the reply is a JSON object
-``{"messages": [{"message": 1, "theses": [{"text", "entities", "kind", "temporal", "replaces"}],
-"triples": [{"subject", "relation", "object"}]}]}`` where ``message`` is the 1-based number of the input item
-and ``replaces`` lists refs ("K1", ...) of the known theses the new one contradicts.
+Designed for a small local model (measured in docs/benchmarks.md, "Extraction"):
+- the input makes speaker and date explicit before every message ("[2] Ben, Friday 2 June 2023: ...");
+- the output is flat and small: per message a short list of facts, each one sentence with its subject, one
+  relation to one object, and the message's own time words ("last week") — never a computed date;
+- the schema is made per call: one entry per message, in order, with its number fixed, so decoding cannot skip,
+  repeat or invent a message; every list and string is bounded, so decoding cannot loop; no regex patterns;
+- nothing known is shown to the model (it copied known statements instead of extracting new ones):
+  duplicates and contradictions are checked after extraction (``services.memorize.resolve``);
+- what a small model gets wrong is checked in code (``services.memorize.attribution``): pronouns, misattributed
+  first-person facts, facts with no ground in the message; time words become dates in ``services.memorize.when``.
+
+Scripted-LLM contract (task name ``extract``): ``{"messages": [{"m": 1, "facts": [{"subject", "fact",
+"relation", "object", "when", "kind", "temporal"}]}]}``, one entry per input message, ``m`` its 1-based number.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from services import ids
 from services.llm.task import LLMTask, TaskOutputError
+from services.memorize.attribution import MIN_GROUNDING, Speakers, check_fact, grounding
+from services.memorize.when import When, resolve
 from services.ports import LLMMessage
 
-Short = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=120)]
+MAX_FACTS_PER_MESSAGE = 3
 
 
-class ThesisOut(BaseModel):
+def _text(max_length: int, min_length: int = 0) -> Any:
+    return Annotated[str, StringConstraints(strip_whitespace=True, min_length=min_length, max_length=max_length)]
+
+
+class FactOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    text: Annotated[str, StringConstraints(strip_whitespace=True, min_length=3, max_length=400)]
-    entities: list[Short] = Field(default_factory=list, max_length=12)
+    subject: _text(60, 1)  # type: ignore[valid-type]
+    fact: _text(200, 8)  # type: ignore[valid-type]
+    relation: _text(40)  # type: ignore[valid-type]
+    object: _text(60)  # type: ignore[valid-type]
+    when: _text(40) = ""  # type: ignore[valid-type]
     kind: Literal["FACT", "OPINION", "PREDICTION"] = "FACT"
     temporal: Literal["STATIC", "DYNAMIC", "ATEMPORAL"] = "DYNAMIC"
-    replaces: list[Annotated[str, StringConstraints(pattern=r"^K\d+$")]] = Field(default_factory=list, max_length=8)
 
 
-class TripleOut(BaseModel):
+class MessageFactsOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    subject: Short
-    relation: Short
-    object: Short
-
-
-class MessageOut(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    message: int = Field(ge=1)
-    theses: list[ThesisOut] = Field(default_factory=list, max_length=16)
-    triples: list[TripleOut] = Field(default_factory=list, max_length=24)
+    m: int = Field(ge=1)
+    speaker: str = ""
+    starts: str = ""
+    facts: list[FactOut] = Field(default_factory=list, max_length=MAX_FACTS_PER_MESSAGE)
 
 
 class ExtractionOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    messages: list[MessageOut]
+    messages: list[MessageFactsOut]
 
 
 @dataclass(frozen=True)
 class Item:
-    """One message or document chunk to extract from."""
+    """One message or document chunk to extract from. ``speaker`` is a chat speaker or a document title."""
 
     speaker: str | None
     text: str
     time: datetime
-
-
-@dataclass(frozen=True)
-class KnownThesis:
-    ref: str
-    text: str
-    time: datetime | None
+    document: bool = False
 
 
 @dataclass(frozen=True)
 class ExtractionInput:
     items: list[Item]
-    known: list[KnownThesis]
+    #: everyone taking part in the conversation, as far as memorize knows: resolves "you" and misattribution
+    participants: tuple[str, ...] = ()
 
 
-SYSTEM = """You turn chat messages into a memory graph. For EACH numbered message output:
-- theses: short self-contained statements of what the message says. "I" is the SPEAKER of that message,
-  "you" the other person: write their names. Keep dates and numbers. Each thesis has its entities (people,
-  places, things, events named in it), kind FACT|OPINION|PREDICTION, temporal STATIC (never changes) |
-  DYNAMIC (may change later) | ATEMPORAL (general truth), and replaces: refs of KNOWN statements this one
-  makes no longer true (a change of job, home, plan, status...), else [].
-- triples: subject | relation | object facts, each part at most 7 words, relation in plain words.
-Use only what the messages say. Greetings or chit-chat get empty lists. Output JSON only."""
+@dataclass
+class Fact:
+    """One checked fact: the thesis text (names, no pronouns), its subject and object, and when it happened."""
 
-EXAMPLE_IN = """KNOWN:
-K1: [2023-05-01] Anna works at Siemens.
-MESSAGES:
-1. [2023-06-02] Anna: I quit Siemens last week, now I'm a nurse at St. Mary's hospital!
-2. [2023-06-02] Ben: Wow, congrats! I'm still at Bosch in Stuttgart.
-3. [2023-06-02] Anna: How are you?"""
+    subject: str
+    text: str
+    relation: str
+    object: str
+    kind: str
+    temporal: str
+    when: When | None = None
+
+
+@dataclass
+class ItemFacts:
+    """What extraction found in one item. ``answered`` False: the model gave no entry for it (re-ask it)."""
+
+    facts: list[Fact] = field(default_factory=list)
+    answered: bool = True
+    dropped: list[str] = field(default_factory=list)  # reasons for facts removed by the checks, for metrics
+
+
+SYSTEM = """You keep a long-term memory of what people tell each other. For EACH numbered message list the facts \
+worth remembering about people: what they did, do, plan, own, like, feel or think, with names, places, dates and \
+numbers. A fact is one short sentence that makes sense alone: use names, never "I", "you", "he" or "she". The \
+speaker is named before each message: "I", "me" and "my" mean the speaker, "you" the person they talk to. A photo \
+the speaker shares is part of their message. Greetings, thanks, questions and compliments have no facts: \
+give them an empty list. Each fact has: subject (the person it is about), fact, relation and object (the fact as \
+subject - relation - object, the object a person, place, thing or activity named in the message), when (the words \
+of the message that say when it happened, such as "yesterday" or "last year", else ""), kind (FACT, OPINION, or \
+PREDICTION for a plan or expectation) and temporal (STATIC: never changes, DYNAMIC: may change, ATEMPORAL: \
+always true). Output JSON only."""
+
+EXAMPLE_IN = """Conversation between Anna and Ben.
+[1] Anna, Friday 2 June 2023: I quit Siemens last week, now I'm a nurse at St. Mary's hospital!
+[2] Ben, Friday 2 June 2023: Wow, congrats! I'm still at Bosch, and I'm running a marathon next month.
+[3] Anna, Friday 2 June 2023: Thanks! How are you?"""
 
 EXAMPLE_OUT = (
-    '{"messages":[{"message":1,"theses":[{"text":"Anna quit her job at Siemens in late May 2023.",'
-    '"entities":["Anna","Siemens"],"kind":"FACT","temporal":"STATIC","replaces":["K1"]},'
-    '{"text":"Anna works as a nurse at St. Mary\'s hospital.","entities":["Anna","St. Mary\'s hospital"],'
-    '"kind":"FACT","temporal":"DYNAMIC","replaces":["K1"]}],"triples":[{"subject":"Anna","relation":"quit",'
-    '"object":"Siemens"},{"subject":"Anna","relation":"works as","object":"nurse"},{"subject":"Anna",'
-    '"relation":"works at","object":"St. Mary\'s hospital"}]},'
-    '{"message":2,"theses":[{"text":"Ben works at Bosch in Stuttgart.","entities":["Ben","Bosch","Stuttgart"],'
-    '"kind":"FACT","temporal":"DYNAMIC","replaces":[]}],"triples":[{"subject":"Ben","relation":"works at",'
-    '"object":"Bosch"},{"subject":"Bosch","relation":"located in","object":"Stuttgart"}]},'
-    '{"message":3,"theses":[],"triples":[]}]}'
+    '{"messages":[{"m":1,"speaker":"Anna","starts":"I quit Siemens last week,","facts":['
+    '{"subject":"Anna","fact":"Anna quit her job at Siemens.","relation":"quit job at","object":"Siemens",'
+    '"when":"last week","kind":"FACT","temporal":"STATIC"},'
+    '{"subject":"Anna","fact":"Anna works as a nurse at St. Mary\'s hospital.","relation":"works at",'
+    '"object":"St. Mary\'s hospital","when":"","kind":"FACT","temporal":"DYNAMIC"}]},'
+    '{"m":2,"speaker":"Ben","starts":"Wow, congrats! I\'m still","facts":['
+    '{"subject":"Ben","fact":"Ben works at Bosch.","relation":"works at","object":"Bosch","when":"",'
+    '"kind":"FACT","temporal":"DYNAMIC"},'
+    '{"subject":"Ben","fact":"Ben plans to run a marathon.","relation":"plans to run","object":"marathon",'
+    '"when":"next month","kind":"PREDICTION","temporal":"DYNAMIC"}]},'
+    '{"m":3,"speaker":"Anna","starts":"Thanks! How are you?","facts":[]}]}'
 )
 
 
+def _who(item: Item) -> str:
+    return ("document" if item.document else item.speaker) or "someone"
+
+
+def _opening(text: str, words: int = 5) -> str:
+    return " ".join(text.split()[:words]).replace("\\", "")
+
+
+def _day(when: datetime) -> str:
+    return f"{when:%A} {when.day} {when:%B %Y}"
+
+
 def render_items(data: ExtractionInput) -> str:
-    known = "\n".join(f"{k.ref}: [{k.time.date().isoformat() if k.time else '?'}] {k.text}" for k in data.known)
     lines = []
+    speakers = sorted({i.speaker for i in data.items if i.speaker and not i.document} | set(data.participants))
+    if speakers:
+        lines.append(f"Conversation between {' and '.join(speakers)}." if len(speakers) > 1 else "")
     for n, item in enumerate(data.items, start=1):
-        who = f"{item.speaker}: " if item.speaker else ""
-        lines.append(f"{n}. [{item.time.date().isoformat()}] {who}{item.text}")
-    return f"KNOWN:\n{known or '(none)'}\nMESSAGES:\n" + "\n".join(lines)
+        if item.document:
+            title = f'document "{item.speaker}", ' if item.speaker else "document, "
+            lines.append(f"[{n}] {title}{_day(item.time)}: {item.text}")
+        else:
+            lines.append(f"[{n}] {item.speaker or 'someone'}, {_day(item.time)}: {item.text}")
+    return "\n".join(line for line in lines if line)
 
 
-class ExtractTask(LLMTask[ExtractionOut, ExtractionOut]):
+class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
     name = "extract"
     output_model = ExtractionOut
-    max_tokens = 1500
+    #: per message at most 4 facts of ~60 tokens; the schema bounds every string, so this limit is never the stop
+    max_tokens = 2048
+
+    def __init__(self, *, example: bool = True) -> None:
+        self.example = example
 
     def messages(self, inputs: ExtractionInput) -> list[LLMMessage]:
+        shots = (
+            [LLMMessage(role="user", content=EXAMPLE_IN), LLMMessage(role="assistant", content=EXAMPLE_OUT)]
+            if self.example
+            else []
+        )
         return [
             LLMMessage(role="system", content=SYSTEM),
-            LLMMessage(role="user", content=EXAMPLE_IN),
-            LLMMessage(role="assistant", content=EXAMPLE_OUT),
+            *shots,
             LLMMessage(role="user", content=render_items(inputs)),
         ]
 
-    def postprocess(self, output: ExtractionOut, inputs: ExtractionInput) -> ExtractionOut:
+    def json_schema(self, inputs: Any = None) -> dict[str, Any]:
+        """One entry per input message, numbered in order: the grammar forbids skipping or inventing one."""
+        schema = self.output_model.model_json_schema()
+        if not isinstance(inputs, ExtractionInput):
+            return schema
+        entry = schema["$defs"]["MessageFactsOut"]
         count = len(inputs.items)
-        bad = sorted({m.message for m in output.messages if m.message > count})
+        # Each entry opens with the message's speaker and first words, fixed by the grammar: writing them puts the
+        # model's attention on that message right before its facts (without them a small model shifts facts to
+        # the wrong message).
+        numbered = [
+            {
+                **entry,
+                "properties": {
+                    **entry["properties"],
+                    "m": {"const": n},
+                    "speaker": {"const": _who(item)},
+                    "starts": {"const": _opening(item.text)},
+                },
+                "required": ["m", "speaker", "starts", "facts"],
+            }
+            for n, item in enumerate(inputs.items, start=1)
+        ]
+        messages = {"type": "array", "prefixItems": numbered, "minItems": count, "maxItems": count}
+        return {**schema, "properties": {"messages": messages}, "required": ["messages"]}
+
+    def postprocess(self, output: ExtractionOut, inputs: ExtractionInput) -> list[ItemFacts]:
+        count = len(inputs.items)
+        bad = sorted({m.m for m in output.messages if m.m > count})
         if bad:
             raise TaskOutputError(f"message numbers {bad} do not exist (there are {count} messages)")
-        known = {k.ref for k in inputs.known}
-        for message in output.messages:
-            for thesis in message.theses:
-                # a ref to a statement that was not shown cannot be trusted: drop it, keep the thesis
-                thesis.replaces = [r for r in thesis.replaces if r in known]
-        return output
+        by_number: dict[int, list[FactOut]] = {}
+        for entry in output.messages:
+            by_number.setdefault(entry.m, []).extend(entry.facts)
+        speakers = Speakers.of(inputs)
+        results = [ItemFacts(answered=n in by_number) for n in range(1, count + 1)]
+        for n, item in enumerate(inputs.items, start=1):
+            for raw in by_number.get(n, [])[:MAX_FACTS_PER_MESSAGE]:
+                target, checked = n, check_fact(raw.subject, raw.fact, raw.relation, raw.object, item, speakers)
+                if checked == "ungrounded":
+                    # a small model sometimes writes a fact under a neighbouring message: give it to the message
+                    # that says it, if one in this batch does
+                    target, checked = self._realign(raw, inputs, speakers, n)
+                if isinstance(checked, str):
+                    results[n - 1].dropped.append(checked)
+                    continue
+                subject, text, obj = checked
+                source = inputs.items[target - 1]
+                if any(ids.normalize_text(f.text) == ids.normalize_text(text) for f in results[target - 1].facts):
+                    continue
+                when = resolve(raw.when, source.time) if raw.when and raw.when.lower() in source.text.lower() else None
+                results[target - 1].facts.append(Fact(subject, text, raw.relation, obj, raw.kind, raw.temporal, when))
+        return results
+
+    @staticmethod
+    def _realign(
+        raw: FactOut, inputs: ExtractionInput, speakers: Speakers, n: int
+    ) -> tuple[int, tuple[str, str, str] | str]:
+        scored = sorted(
+            (
+                (grounding(raw.fact, raw.subject, item.text, speakers), m)
+                for m, item in enumerate(inputs.items, start=1)
+                if m != n
+            ),
+            reverse=True,
+        )
+        for share, m in scored[:1]:
+            if share >= MIN_GROUNDING:
+                item = inputs.items[m - 1]
+                return m, check_fact(raw.subject, raw.fact, raw.relation, raw.object, item, speakers)
+        return n, "ungrounded"

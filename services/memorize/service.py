@@ -11,25 +11,28 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
 from schemas.events import ChatMessage, DeadLetter, Document, MemoryUpdate
 from services import ids, metrics
-from services.domain import ChangeSet, EdgeKind, VertexKind
+from services.domain import ChangeSet, EdgeKind, Vertex, VertexKind
+from services.llm.layers import TRANSIENT_ERRORS, attempts_made
 from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
-from services.memorize.builder import ChangeSetBuilder, KnownRef, Source
+from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis_text
 from services.memorize.chunking import chunk_text
-from services.memorize.extraction import ExtractionInput, ExtractTask, Item, KnownThesis, MessageOut
+from services.memorize.extraction import ExtractionInput, ExtractTask, Item, ItemFacts
+from services.memorize.resolve import Pair, ResolveTask
 from services.ports import LLM, Embedder, MemoryStore, VectorItem
 from services.settings import Settings
 
 log = get_logger(__name__)
 MemoryEvent = ChatMessage | Document
 _EXTRACT = ExtractTask()
+_RESOLVE = ResolveTask()
 
 
 @dataclass
@@ -63,7 +66,7 @@ def _units(event: MemoryEvent, chunk_chars: int) -> list[_Unit]:
         if event.title:
             props["title"] = event.title
         source = Source(event.event_id, n, chunk, event.event_time, event.ingest_time, props)
-        units.append(_Unit(event, source, Item(event.title, chunk, event.event_time)))
+        units.append(_Unit(event, source, Item(event.title, chunk, event.event_time, document=True)))
     return units
 
 
@@ -71,8 +74,29 @@ def _tokens(text: str) -> int:
     return len(text) // 4 + 8
 
 
+def _with_outcome(source: Source, found: ItemFacts) -> Source:
+    """The episode records how many facts came of it and, if none, why: never an unexplained empty."""
+    props = {"facts": str(len(found.facts))}
+    if not found.facts:
+        reason = "no_entry" if not found.answered else ("all_dropped" if found.dropped else "none_listed")
+        props["no_facts"] = reason
+        metrics.MEMORIZE_NO_FACTS.labels(reason=reason).inc()
+    for reason in found.dropped:
+        metrics.FACTS_DROPPED.labels(reason=reason).inc()
+    return replace(source, props={**source.props, **props})
+
+
 class MemorizeService:
-    def __init__(self, store: MemoryStore, llm: LLM, embedder: Embedder, settings: Settings) -> None:
+    def __init__(
+        self,
+        store: MemoryStore,
+        llm: LLM,
+        embedder: Embedder,
+        settings: Settings,
+        *,
+        extract_task: ExtractTask | None = None,
+    ) -> None:
+        self.extract_task = extract_task or _EXTRACT
         self.store = store
         self.llm = llm
         self.embedder = embedder
@@ -116,7 +140,7 @@ class MemorizeService:
     ) -> None:
         units = [u for e in events for u in _units(e, self.settings.document_chunk_chars)]
         try:
-            outs, known, calls = await self._extract(user_id, units)
+            found, calls = await self._extract(units)
         except TaskFailed as exc:
             outcome.llm_calls += exc.attempts
             metrics.EXTRACTION_FAILURES.labels(reason="invalid_output").inc()
@@ -128,71 +152,136 @@ class MemorizeService:
                 return
             self._dead_letter(outcome, events, source_topic, "extraction_failed", str(exc), exc.attempts)
             return
+        except TRANSIENT_ERRORS as exc:  # the model is down or stalled: the events wait in the dead letters
+            metrics.EXTRACTION_FAILURES.labels(reason="llm_unavailable").inc()
+            self._dead_letter(outcome, events, source_topic, "llm_unavailable", repr(exc), attempts_made(exc))
+            return
+        sources = [_with_outcome(u.source, f) for u, f in zip(units, found, strict=True)]
+        texts = [thesis_text(fact) for f in found for fact in f.facts]
+        vectors = dict(zip(texts, await self.embedder.embed(texts), strict=True)) if texts else {}
+        same_as, replaced, resolve_calls = await self._resolve(user_id, units, found, vectors)
+        calls += resolve_calls
         outcome.llm_calls += calls
         event_ids = [e.event_id for e in events]
         builder = ChangeSetBuilder(user_id, ids.change_set_id(user_id, event_ids), event_ids)
-        for unit, out in zip(units, outs, strict=True):
-            builder.add(unit.source, out, known)
+        for n, (source, facts) in enumerate(zip(sources, found, strict=True)):
+            thesis_ids = builder.add(source, facts, same_as.get(n))
+            for fact_n, old in replaced.get(n, []):
+                builder.invalidate(old, thesis_ids[fact_n], source)
         change_set = builder.build(calls)
         try:
-            update = await self._write(change_set, events)
+            update = await self._write(change_set, events, vectors)
         except Exception as exc:  # the store is down or broken: keep the events, say why
             log.error("store_write_failed", user_id=user_id, error=repr(exc))
             self._dead_letter(outcome, events, source_topic, "store_failed", repr(exc), 3)
             return
         outcome.updates.append(update)
 
-    async def _extract(
-        self, user_id: str, units: list[_Unit]
-    ) -> tuple[list[MessageOut | None], dict[str, KnownRef], int]:
-        """Extraction calls over ``units`` packed by the token budget; returns one output per unit."""
-        outs: list[MessageOut | None] = []
-        known_all: dict[str, KnownRef] = {}
-        calls = 0
-        batch: list[_Unit] = []
-        size = 0
+    async def _extract(self, units: list[_Unit]) -> tuple[list[ItemFacts], int]:
+        """Extraction calls over ``units`` packed by the token budget; returns what was found in each unit.
 
-        async def flush() -> None:
-            nonlocal calls
-            if not batch:
-                return
-            known = await self._known_theses(user_id, [u.item.text for u in batch], start=len(known_all) + 1)
-            data = ExtractionInput(items=[u.item for u in batch], known=[k for k, _ in known])
-            result = await run_task(self.llm, _EXTRACT, data, attempts=self.settings.extraction_attempts)
+        A unit the model gave no entry for is asked once more on its own batch; if it still has none, it is
+        recorded as having no facts for that reason, never silently."""
+        found: list[ItemFacts] = []
+        calls = 0
+        participants = tuple(dict.fromkeys(u.item.speaker for u in units if u.item.speaker and not u.item.document))
+        for batch in self._batches(units):
+            data = ExtractionInput(items=[u.item for u in batch], participants=participants)
+            result = await run_task(self.llm, self.extract_task, data, attempts=self.settings.extraction_attempts)
             calls += result.calls
             metrics.MEMORIZE_BATCH_SIZE.observe(len(batch))
-            by_number = {m.message: m for m in result.value.messages}
-            outs.extend(by_number.get(n) for n in range(1, len(batch) + 1))
-            known_all.update({k.ref: ref for k, ref in known})
-            batch.clear()
+            missing = [n for n, f in enumerate(result.value) if not f.answered]
+            if missing:
+                again = ExtractionInput(items=[batch[n].item for n in missing], participants=participants)
+                retry = await run_task(self.llm, self.extract_task, again, attempts=self.settings.extraction_attempts)
+                calls += retry.calls
+                for n, facts in zip(missing, retry.value, strict=True):
+                    result.value[n] = facts
+            found.extend(result.value)
+        return found, calls
 
+    def _batches(self, units: list[_Unit]) -> list[list[_Unit]]:
+        batches: list[list[_Unit]] = []
+        size = 0
         for unit in units:
             tokens = _tokens(unit.item.text)
-            if batch and (
-                len(batch) >= self.settings.batch_max_messages or size + tokens > self.settings.batch_token_budget
+            if batches and (
+                len(batches[-1]) < self.settings.batch_max_messages
+                and size + tokens <= self.settings.batch_token_budget
             ):
-                await flush()
-                size = 0
-            batch.append(unit)
-            size += tokens
-        await flush()
-        return outs, known_all, calls
+                batches[-1].append(unit)
+                size += tokens
+            else:
+                batches.append([unit])
+                size = tokens
+        return batches
 
-    async def _known_theses(self, user_id: str, texts: list[str], start: int) -> list[tuple[KnownThesis, KnownRef]]:
-        """Still-valid theses most similar to the new messages: what a new statement may contradict."""
-        limit = self.settings.invalidation_candidates
-        if limit == 0:
-            return []
-        vectors = await self.embedder.embed([" ".join(texts)[:4000]])
-        hits = await self.store.search(user_id, [VertexKind.THESIS.value], vectors[0], " ".join(texts), k=limit * 2)
-        found = await self.store.get_vertices(user_id, [h.id for h in hits])
-        valid = [found[h.id] for h in hits if h.id in found and found[h.id].t_invalid is None][:limit]
-        return [
-            (KnownThesis(f"K{start + n}", v.name, v.t_valid), KnownRef(v.id, v.t_valid)) for n, v in enumerate(valid)
+    async def _resolve(
+        self, user_id: str, units: list[_Unit], found: list[ItemFacts], vectors: dict[str, list[float]]
+    ) -> tuple[dict[int, dict[int, str]], dict[int, list[tuple[int, KnownRef]]], int]:
+        """Duplicates and contradictions of the new facts among the user's valid theses, after extraction.
+
+        - A known thesis about the same subject nearly equal in meaning (cosine >= ``duplicate_min_similarity``)
+          is the same fact: the new one becomes a source of it, no call needed.
+        - A known thesis with the same subject and relation but another object ("works at Siemens" / "works at
+          St. Mary's") may have stopped being true: those pairs, and only those, are judged by one ``resolve``
+          call. (A small model asked about every similar pair answers "updates" to all of them.)
+
+        Returns, per unit: facts that repeat a known thesis (fact -> thesis id), the known theses a fact makes no
+        longer true, and the calls made."""
+        facts = [(u, n, fact) for u, f in enumerate(found) for n, fact in enumerate(f.facts)]
+        if self.settings.invalidation_candidates == 0 or not facts:
+            return {}, {}, 0
+        same_as: dict[int, dict[int, str]] = {}
+        for unit_n, fact_n, fact in facts:
+            text = thesis_text(fact)
+            new_id = ids.thesis_id(user_id, text)
+            hits = await self.store.search(user_id, [VertexKind.THESIS.value], vectors[text], None, k=3)
+            near = [h.id for h in hits if h.score >= self.settings.duplicate_min_similarity and h.id != new_id]
+            known = await self.store.get_vertices(user_id, near) if near else {}
+            for hit in near:
+                old = known.get(hit)
+                if old is not None and old.t_invalid is None and old.props.get("subject") == fact.subject:
+                    same_as.setdefault(unit_n, {})[fact_n] = old.id
+                    break
+        subjects = sorted({fact.subject for _, _, fact in facts})
+        about = {s: await self.store.valid_theses(user_id, [ids.object_id(user_id, s)], limit=200) for s in subjects}
+        pairs: list[tuple[int, int, Vertex]] = []
+        for unit_n, fact_n, fact in facts:
+            if fact_n in same_as.get(unit_n, {}) or not fact.object or not fact.relation:
+                continue
+            relation, obj = ids.normalize_text(fact.relation), ids.normalize_name(fact.object)
+            rivals = [
+                old
+                for old in about[fact.subject]
+                if old.props.get("relation") == relation and ids.normalize_name(old.props.get("object", "")) != obj
+            ]
+            pairs.extend((unit_n, fact_n, old) for old in rivals[: self.settings.invalidation_candidates])
+        if not pairs:
+            return same_as, {}, 0
+        task_input = [
+            Pair(thesis_text(found[u].facts[f]), units[u].item.time, old.name, old.t_valid) for u, f, old in pairs
         ]
+        try:
+            result = await run_task(self.llm, _RESOLVE, task_input, attempts=self.settings.extraction_attempts)
+        except (TaskFailed, ConnectionError, TimeoutError) as exc:
+            # both statements are kept: a missed update is repaired by a later one, a lost fact is not
+            metrics.EXTRACTION_FAILURES.labels(reason="resolve_failed").inc()
+            log.warning("resolve_failed_keeping_both", user_id=user_id, pairs=len(pairs), error=str(exc))
+            return same_as, {}, getattr(exc, "attempts", 1)
+        replaced: dict[int, list[tuple[int, KnownRef]]] = {}
+        for (unit_n, fact_n, old), verdict in zip(pairs, result.value, strict=True):
+            metrics.RESOLVE_VERDICTS.labels(verdict).inc()
+            if verdict == "same":
+                same_as.setdefault(unit_n, {}).setdefault(fact_n, old.id)
+            elif verdict == "updates":
+                replaced.setdefault(unit_n, []).append((fact_n, KnownRef(old.id, old.t_valid)))
+        return same_as, replaced, result.calls
 
-    async def _write(self, change_set: ChangeSet, events: list[MemoryEvent]) -> MemoryUpdate:
-        vectors = await self._vectors(change_set)
+    async def _write(
+        self, change_set: ChangeSet, events: list[MemoryEvent], known_vectors: dict[str, list[float]]
+    ) -> MemoryUpdate:
+        vectors = await self._vectors(change_set, known_vectors)
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2), reraise=True
         ):
@@ -229,7 +318,7 @@ class MemorizeService:
             committed_at=committed,
         )
 
-    async def _vectors(self, change_set: ChangeSet) -> list[VectorItem]:
+    async def _vectors(self, change_set: ChangeSet, known_vectors: dict[str, list[float]]) -> list[VectorItem]:
         """Vectors for the vertices and relations that have none yet.
 
         Asked of the vector index, not the graph: with a remote store the graph write may have landed before a
@@ -249,8 +338,11 @@ class MemorizeService:
         ]
         if not entries:
             return []
-        vectors = await self.embedder.embed([text for _, _, text in entries])
-        return [VectorItem(id=i, kind=k, text=t, vector=list(v)) for (i, k, t), v in zip(entries, vectors, strict=True)]
+        # thesis texts were embedded to find their candidates: only the rest is embedded here
+        todo = sorted({text for _, _, text in entries if text not in known_vectors})
+        fresh = dict(zip(todo, await self.embedder.embed(todo), strict=True)) if todo else {}
+        lookup = known_vectors | fresh
+        return [VectorItem(id=i, kind=k, text=t, vector=list(lookup[t])) for i, k, t in entries]
 
     def _dead_letter(
         self, outcome: MemorizeOutcome, events: list[MemoryEvent], topic: str, reason: str, error: str, attempts: int

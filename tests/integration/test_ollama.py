@@ -100,7 +100,7 @@ async def test_a_pattern_in_the_schema_does_not_crash_the_runner(ollama: tuple[s
         json_schema=schema,
         max_tokens=40,
     )
-    llm = OllamaLLM(model, host=host, timeout_s=240)
+    llm = OllamaLLM(model, host=host, stall_timeout_s=240)
     try:
         response = await llm.complete(request)
     finally:
@@ -116,7 +116,7 @@ async def test_timeouts_are_bounded_and_the_server_recovers(ollama: tuple[str, s
         task="essay", messages=[LLMMessage(role="user", content="Write a long essay about rivers.")], max_tokens=400
     )
     retries = REGISTRY.get_sample_value("memstream_llm_retries_total", {"model": model, "task": "essay"}) or 0.0
-    slow = RetryingLLM(OllamaLLM(model, host=host, timeout_s=240), attempts=2, timeout_s=0.5, backoff_s=0.1)
+    slow = RetryingLLM(OllamaLLM(model, host=host, stall_timeout_s=240), attempts=2, timeout_s=0.5, backoff_s=0.1)
     started = time.monotonic()
     with pytest.raises(TimeoutError):
         await slow.complete(essay)

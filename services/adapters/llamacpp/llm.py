@@ -49,6 +49,14 @@ class Completion:
     cancelled: bool = False
 
 
+@dataclass
+class Progress:
+    """When a generation started (None: still queued) and when it last produced something (monotonic clock)."""
+
+    started: float | None = None
+    last: float | None = None
+
+
 def strip_think(text: str) -> str:
     """Drop reasoning blocks, including one cut off by the token limit, so only the answer remains."""
     return _THINK_OPEN.sub("", _THINK_BLOCK.sub("", text)).strip()
@@ -79,15 +87,22 @@ class Engine:
         self._count_lock = threading.Lock()
         log.info("llm_loaded", path=str(config.model_path), load_s=round(self.load_s, 2), slots=config.n_parallel)
 
-    def chat(self, payload: dict[str, Any], cancel: threading.Event | None = None) -> Completion:
-        """Run one chat completion (blocking). Streams internally so ``cancel`` can stop it between tokens."""
+    def chat(
+        self, payload: dict[str, Any], cancel: threading.Event | None = None, progress: Progress | None = None
+    ) -> Completion:
+        """Run one chat completion (blocking). Streams internally so ``cancel`` can stop it between tokens;
+        ``progress`` is stamped when the engine starts on it and at every chunk, for a stall watchdog."""
         result = Completion()
+        if progress is not None:
+            progress.started = progress.last = time.monotonic()
         pieces: list[str] = []
 
         def on_chunk(chunk: Any) -> bool:
             # Called from inside the engine: never raise here, record and ask it to stop instead.
             try:
                 result.chunks += 1
+                if progress is not None:
+                    progress.last = time.monotonic()
                 if not isinstance(chunk, dict):
                     result.error = f"unexpected chunk {type(chunk).__name__}"
                     return True
@@ -171,10 +186,12 @@ class LlamaCppLLM(LLM):
         n_parallel: int = 1,
         n_threads: int | None = None,
         seed: int = 0,
+        stall_timeout_s: float | None = 300.0,
     ) -> None:
         self.config = EngineConfig(Path(model_path), n_ctx, max(1, n_parallel), n_threads)
         self.model = model or Path(model_path).stem
         self.seed = seed
+        self.stall_timeout_s = stall_timeout_s
         self._engine: Engine | None = None
 
     async def load(self) -> Engine:
@@ -188,7 +205,7 @@ class LlamaCppLLM(LLM):
             "messages": [{"role": m.role, "content": m.content} for m in request.messages],
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
-            "seed": self.seed,
+            "seed": self.seed if request.seed is None else request.seed,
             # Qwen3-style templates think unless told not to; others ignore the flag.
             "chat_template_kwargs": {"enable_thinking": False},
         }
@@ -202,8 +219,10 @@ class LlamaCppLLM(LLM):
     async def complete(self, request: LLMRequest) -> LLMResponse:
         engine = await self.load()
         cancel = threading.Event()
+        progress = Progress()
+        job = asyncio.ensure_future(asyncio.to_thread(engine.chat, self.payload(request), cancel, progress))
         try:
-            done = await asyncio.to_thread(engine.chat, self.payload(request), cancel)
+            done = await self._watch(job, progress)
         finally:
             # If this coroutine was cancelled (timeout, shutdown), the thread is still generating: stop it.
             cancel.set()
@@ -214,3 +233,22 @@ class LlamaCppLLM(LLM):
             tokens_out=done.tokens_out,
             finish_reason=done.finish_reason,
         )
+
+    async def _watch(self, job: asyncio.Future[Completion], progress: Progress) -> Completion:
+        """Wait for ``job`` while it makes progress. A call waiting in the engine's queue is not stalled; one that
+        produced nothing for ``stall_timeout_s`` since it started or since its last token is (TimeoutError).
+        A slow machine makes calls slow, not failed: there is no cap on the whole call."""
+        while True:
+            done, _ = await asyncio.wait({job}, timeout=_WATCH_INTERVAL_S)
+            if done:
+                return job.result()
+            limit = self.stall_timeout_s
+            if limit is None or progress.last is None:
+                continue
+            idle = time.monotonic() - progress.last
+            if idle > limit:
+                job.add_done_callback(lambda f: f.exception())  # the thread stops at its next token; reap it
+                raise TimeoutError(f"local model made no progress for {idle:.0f} s (stall limit {limit:.0f} s)")
+
+
+_WATCH_INTERVAL_S = 1.0  # how often a running call is checked for progress

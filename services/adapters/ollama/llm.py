@@ -23,7 +23,7 @@ class OllamaLLM(LLM):
         model: str,
         *,
         host: str = "http://127.0.0.1:11434",
-        timeout_s: float = 180.0,
+        stall_timeout_s: float = 300.0,
         num_ctx: int | None = None,
         seed: int = 0,
         keep_alive: str | None = None,
@@ -35,27 +35,38 @@ class OllamaLLM(LLM):
         self.keep_alive = keep_alive
         # Ollama rejects an explicit ``think`` for models without the capability; then we stop sending it.
         self.think: bool | None = False
-        self.client = AsyncClient(host=host, timeout=timeout_s)
+        # Responses are streamed, so httpx's read timeout is the longest wait for the next piece: a stall limit,
+        # not a cap on the whole call (a slow machine makes calls slow, not failed).
+        self.client = AsyncClient(host=host, timeout=stall_timeout_s)
 
     def options(self, request: LLMRequest) -> dict[str, Any]:
         options: dict[str, Any] = {
             "temperature": request.temperature,
             "num_predict": request.max_tokens,
-            "seed": self.seed,
+            "seed": self.seed if request.seed is None else request.seed,
         }
         if self.num_ctx:
             options["num_ctx"] = self.num_ctx
         return options
 
     async def _chat(self, request: LLMRequest) -> ChatResponse:
-        return await self.client.chat(
+        pieces: list[str] = []
+        last: ChatResponse | None = None
+        async for chunk in await self.client.chat(
             model=self.model,
             messages=[{"role": m.role, "content": m.content} for m in request.messages],
             format=None if request.json_schema is None else ollama_schema(request.json_schema),
             think=self.think,
             options=self.options(request),
             keep_alive=self.keep_alive,
-        )
+            stream=True,
+        ):
+            pieces.append(chunk.message.content or "")
+            last = chunk
+        if last is None:
+            raise ConnectionError(f"Ollama at {self.host} closed the stream without a response")
+        last.message.content = "".join(pieces)
+        return last
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         with translate_errors(self.host, self.model):

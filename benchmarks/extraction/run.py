@@ -1,0 +1,166 @@
+"""Extraction quality and cost on the labelled LoCoMo turns, through the real memorize service and a real model.
+
+  python -m benchmarks.extraction.run                          # the whole set, default local model and design
+  python -m benchmarks.extraction.run --per-sample 16 --batch 4 --no-example --no-resolve   # a variant, on the subset
+  python -m benchmarks.extraction.run --llm ollama --model qwen2.5:7b-instruct
+
+Each conversation is memorized as its own user, its turns handed to memorize ``--batch`` at a time (as a worker
+takes them). Prints per-variant scores (see ``score.py``) and cost per message; ``--out`` writes the JSON with
+every miss, unmatched thesis, junk entity and judge verdict. No LLM cache unless ``--cache`` is given: costs are
+of real calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.extraction.gold import LOCOMO, Turn, load, subset
+from benchmarks.extraction.score import score
+from services.adapters.sqlite import SqliteMemoryStore
+from services.domain import ApplyResult, ChangeSet
+from services.llm.factory import build_embedder, build_llm
+from services.memorize.extraction import ExtractTask
+from services.memorize.service import MemorizeService
+from services.ports import VectorItem
+from services.settings import Settings
+
+
+class RecordingStore(SqliteMemoryStore):
+    """The embedded store, keeping every change set it applied for the scorer."""
+
+    def __init__(self, path: Path, dim: int) -> None:
+        super().__init__(path, dim=dim)
+        self.applied: list[ChangeSet] = []
+
+    async def apply(self, change_set: ChangeSet, vectors: Sequence[VectorItem]) -> ApplyResult:
+        self.applied.append(change_set)
+        return await super().apply(change_set, vectors)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    turns = load(Path(args.data))
+    if args.samples:
+        turns = [t for t in turns if t.sample_id in args.samples]
+    if args.per_sample:
+        turns = subset(turns, args.per_sample)
+    overrides: dict[str, Any] = {
+        "batch_max_messages": args.batch,
+        "batch_token_budget": 100_000,
+        "invalidation_candidates": 0 if args.no_resolve else 2,
+        "llm": args.llm,
+    }
+    if args.model:
+        overrides["llm_model"] = args.model
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(data_dir=Path(args.data_dir or tmp), **overrides)
+        embedder = build_embedder(settings)
+        store = RecordingStore(Path(tmp) / "memory.sqlite3", embedder.dim)
+        cache = SqliteMemoryStore(Path(args.cache), dim=embedder.dim) if args.cache else None
+        llm = build_llm(settings, cache=cache)
+        service = MemorizeService(store, llm, embedder, settings, extract_task=ExtractTask(example=not args.no_example))
+        ingest = datetime.now(UTC)
+        started = time.perf_counter()
+        dead = 0
+        by_sample: dict[str, list[Turn]] = {}
+        for turn in turns:
+            by_sample.setdefault(turn.sample_id, []).append(turn)
+        for sample, sample_turns in by_sample.items():
+            user = f"{args.tag}-{sample}"
+            for start in range(0, len(sample_turns), args.batch):
+                chunk = sample_turns[start : start + args.batch]
+                outcome = await service.memorize([t.message(user, ingest) for t in chunk])
+                dead += len(outcome.dead_letters)
+                if args.verbose:
+                    print(f"{sample} {start + len(chunk)}/{len(sample_turns)} dead={dead}", flush=True)
+        seconds = time.perf_counter() - started
+        usage = {task: vars(u) for task, u in llm.by_task.items()}
+        result = await score(turns, store.applied, embedder, judge=None if args.no_judge else llm)
+        messages = len(turns)
+        extract = llm.by_task.get("extract")
+        summary = {
+            "variant": {
+                "batch": args.batch,
+                "example": not args.no_example,
+                "resolve": not args.no_resolve,
+                "llm": args.llm,
+                "model": llm.model,
+            },
+            "messages": messages,
+            **result.summary(),
+            "dead_letters": dead,
+            "extract_calls_per_message": round(extract.calls / messages, 3) if extract else 0,
+            "calls_per_message": round(
+                sum(u.calls - u.cached for t, u in llm.by_task.items() if t != "judge") / messages, 3
+            ),
+            "rejected_calls": _rejected(),
+            "prompt_tokens_per_message": round(
+                sum(u.tokens_in for t, u in llm.by_task.items() if t != "judge") / messages
+            ),
+            "completion_tokens_per_message": round(
+                sum(u.tokens_out for t, u in llm.by_task.items() if t != "judge") / messages
+            ),
+            "seconds_per_message": round(seconds / messages, 2),
+            "usage": usage,
+            "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}",
+        }
+        details = {
+            "misses": result.misses,
+            "unmatched": result.unmatched,
+            "junk": result.junk,
+            "judgements": result.judgements,
+            "theses": [v.name for cs in store.applied for v in cs.vertices if v.kind.value == "thesis"],
+        }
+        await llm.close()
+        await store.close()
+        if cache is not None:
+            await cache.close()
+    if args.out:
+        await asyncio.to_thread(Path(args.out).write_text, json.dumps({"summary": summary, **details}, indent=1))
+    return summary
+
+
+def _rejected() -> dict[str, float]:
+    from prometheus_client import REGISTRY
+
+    out: dict[str, float] = {}
+    for metric in REGISTRY.collect():
+        if metric.name == "memstream_llm_rejected_outputs":
+            for s in metric.samples:
+                if s.name.endswith("_total"):
+                    out[f"{s.labels['task']}:{s.labels['reason']}"] = s.value
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=str(LOCOMO), help="LoCoMo JSON (the gold files name its samples)")
+    parser.add_argument("--samples", nargs="*", help="only these sample ids")
+    parser.add_argument("--per-sample", type=int, default=0, help="first N labelled turns of each conversation")
+    parser.add_argument("--batch", type=int, default=8, help="messages per extraction call")
+    parser.add_argument("--no-example", action="store_true", help="extraction prompt without its worked example")
+    parser.add_argument("--no-resolve", action="store_true", help="skip the duplicate/contradiction call")
+    parser.add_argument("--no-judge", action="store_true", help="embedding matching only")
+    parser.add_argument("--llm", default="local", choices=["local", "ollama"])
+    parser.add_argument("--model", help="MEMSTREAM_LLM_MODEL for this run")
+    parser.add_argument("--data-dir", help="where local model files are assembled (default: a temp folder)")
+    parser.add_argument("--cache", help="sqlite file for an LLM cache (reruns cost nothing; costs then undercount)")
+    parser.add_argument("--tag", default="bench", help="user id prefix")
+    parser.add_argument("--out", help="write the full JSON here")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    summary = asyncio.run(run(args))
+    print(json.dumps({k: v for k, v in summary.items() if k != "usage"}))
+
+
+if __name__ == "__main__":
+    main()

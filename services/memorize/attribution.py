@@ -1,0 +1,143 @@
+"""Deterministic checks of a model's fact against the message it came from: who it is about, and whether the
+message says it at all.
+
+A small model writes "I" where it should write the speaker's name, gives the second speaker's first-person fact to
+the first speaker, and fills slots with words that are not in the message ("unknown", a name from the prompt's
+example). Each of these is decidable from the message text alone, so it is checked here, not asked of the model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.memorize.extraction import ExtractionInput, Item
+
+_FIRST = {"i", "me", "my", "mine", "myself", "speaker", "the speaker"}
+_SECOND = {"you", "your", "yours", "yourself", "listener"}
+_NOTHING = {"", "unknown", "none", "n/a", "na", "null", "nothing", "something", "someone", "it", "this", "that"}
+_WORD = re.compile(r"[a-z0-9]+")
+# words that carry no content: a fact must share something beyond these (and names) with its message
+_STOP = frozenset(
+    re.findall(
+        r"\S+",
+        """
+    a an the and or but of to in on at for with from by as is are was were be been being am do does did have
+    has had having will would can could should may might must shall not no yes very really so too also just
+    about into over after before than then there here this that these those it its they them their he him
+    his she her we us our you your i me my mine who whom which what when where why how all any some more most
+    much many such own same other again once only each both few lot lots get got go going went like love loves
+    loved feel feels felt make made thing things time times way one day days new good great nice
+""",
+    )
+)
+# contractions first, then plain words: "I'm" must not become "Anna'm"
+_FIRST_FORMS = [
+    (re.compile(r"\bI'm\b|\bI am\b"), "{name} is"),
+    (re.compile(r"\bI've\b"), "{name} has"),
+    (re.compile(r"\bI'll\b"), "{name} will"),
+    (re.compile(r"\bI'd\b"), "{name} would"),
+    (re.compile(r"\bI\b"), "{name}"),
+    (re.compile(r"\b[Mm]yself\b"), "{name}"),
+    (re.compile(r"\b[Mm]y\b"), "{name}'s"),
+    (re.compile(r"\b[Mm]ine\b"), "{name}'s"),
+    (re.compile(r"\bme\b"), "{name}"),
+]
+_SECOND_FORMS = [
+    (re.compile(r"\b[Yy]ou're\b|\b[Yy]ou are\b"), "{name} is"),
+    (re.compile(r"\b[Yy]ou've\b"), "{name} has"),
+    (re.compile(r"\b[Yy]ou'll\b"), "{name} will"),
+    (re.compile(r"\b[Yy]ourself\b"), "{name}"),
+    (re.compile(r"\b[Yy]our\b"), "{name}'s"),
+    (re.compile(r"\b[Yy]ours\b"), "{name}'s"),
+    (re.compile(r"\b[Yy]ou\b"), "{name}"),
+]
+_SECOND_IN_TEXT = re.compile(r"\b(you|your|yours|yourself|you're|you've|you'll)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Speakers:
+    """The people of the conversation, as far as memorize knows them."""
+
+    names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, inputs: ExtractionInput) -> Speakers:
+        names = dict.fromkeys(
+            [*inputs.participants, *(i.speaker for i in inputs.items if i.speaker and not i.document)]
+        )
+        return cls(tuple(n for n in names if n))
+
+    def addressee(self, speaker: str | None) -> str | None:
+        """The one other person, in a conversation of two; None when it cannot be known."""
+        others = [n for n in self.names if n != speaker]
+        return others[0] if speaker in self.names and len(others) == 1 else None
+
+    def find(self, name: str) -> str | None:
+        key = name.strip().casefold()
+        return next((n for n in self.names if n.casefold() == key or n.split()[0].casefold() == key), None)
+
+
+def _rewrite(text: str, forms: list[tuple[re.Pattern[str], str]], name: str) -> str:
+    for pattern, replacement in forms:
+        text = pattern.sub(replacement.format(name=name), text)
+    return text
+
+
+def _content(text: str) -> set[str]:
+    return {w[:4] for w in _WORD.findall(text.casefold()) if w not in _STOP and len(w) > 2}
+
+
+def check_fact(
+    subject: str, fact: str, relation: str, obj: str, item: Item, speakers: Speakers
+) -> tuple[str, str, str] | str:
+    """``(subject, fact text, object)`` fixed where the message decides it, or the reason to drop the fact."""
+    speaker = None if item.document else item.speaker
+    addressee = speakers.addressee(speaker)
+    subject = subject.strip()
+    text = " ".join(fact.split())
+    key = subject.casefold()
+    if key in _FIRST:
+        if speaker is None:
+            return "subject_pronoun"
+        subject = speaker
+    elif key in _SECOND:
+        if addressee is None:
+            return "subject_pronoun"
+        subject = addressee
+    if speaker:
+        text = _rewrite(text, _FIRST_FORMS, speaker)
+    if addressee:
+        text = _rewrite(text, _SECOND_FORMS, addressee)
+    named = speakers.find(subject)
+    if speaker and named and named != speaker:
+        # A fact about the other person needs the message to name or address them; otherwise it is the speaker's
+        # own first-person statement given to the wrong person.
+        addressed = _SECOND_IN_TEXT.search(item.text) is not None
+        if not addressed and named.casefold() not in item.text.casefold():
+            text = re.sub(rf"\b{re.escape(named)}\b", speaker, text)
+            subject = speaker
+    elif named:
+        subject = named
+    obj = " ".join(obj.split())
+    if obj.casefold() in _NOTHING or not (_content(obj) & (_content(item.text) | _content(text))):
+        obj = ""  # an object the message does not name would be a hallucinated entity
+    if grounding(text, subject, item.text, speakers) < MIN_GROUNDING:
+        return "ungrounded"
+    return subject, text, obj
+
+
+#: Share of a fact's content words (names aside) that must occur in its message. A small model pads quiet
+#: messages with the neighbours' facts; those share a word or two with the message, not half of their own.
+MIN_GROUNDING = 0.5
+
+
+def grounding(fact: str, subject: str, message: str, speakers: Speakers) -> float:
+    """How much of ``fact`` (beyond names) ``message`` says: 0 to 1."""
+    people = {w for n in speakers.names for w in _content(n)} | _content(subject)
+    words = _content(fact) - people
+    if not words:
+        return 0.0
+    return len(words & _content(message)) / len(words)

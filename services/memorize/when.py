@@ -1,0 +1,165 @@
+"""When a statement happened, from the words that say so ("yesterday", "last week", "in 2020") and when it was said.
+
+A small model is bad at calendar arithmetic, so extraction only copies the time words out of the message and this
+module turns them into an absolute day or range. Points ("yesterday", "last Friday", "two days ago", "May 7") go to
+``dateparser``; periods ("last week", "next month", "this weekend", "3 years ago") are ranges, which ``dateparser``
+does not return, so they are read here: a week runs Monday to Sunday, "N years ago" is that calendar year.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any
+
+import dateparser
+
+_NUMBERS = {
+    "a": 1,
+    "an": 1,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "a couple of": 2,
+    "couple of": 2,
+    "a few": 3,
+    "few": 3,
+}
+_NUM = r"(\d+|a couple of|couple of|a few|few|an?|one|two|three|four|five|six|seven|eight|nine|ten)"
+_PERIOD = re.compile(r"\b(last|past|previous|this|next|coming)\s+(week|weekend|month|year)\b")
+_AGO = re.compile(rf"\b{_NUM}\s+(day|week|month|year)s?\s+ago\b")
+_FOR = re.compile(rf"\b(?:for|since)\s+(?:the\s+(?:last|past)\s+)?{_NUM}\s+(day|week|month|year)s?\b")
+_YEAR = re.compile(r"^(?:in|during|since|back in)?\s*((?:19|20)\d\d)$")
+_MONTH = re.compile(r"^(?:in|during|since|last|this|next)?\s*(" + "|".join(calendar.month_name[1:]).lower() + r")$")
+_VAGUE = re.compile(r"\b(recently|lately|the other day|soon|someday|sometime|always|ever|now|these days)\b")
+
+
+@dataclass(frozen=True)
+class When:
+    """A day (``start == end``) or a range of days, inclusive, and the words it was read from."""
+
+    start: date
+    end: date
+    text: str
+
+    def describe(self) -> str:
+        """Human form for thesis text: "7 May 2023", "29 May - 4 June 2023", "May 2023", "2022"."""
+        if self.start == self.end:
+            return _day(self.start)
+        if (self.start.month, self.start.day, self.end.month, self.end.day) == (1, 1, 12, 31) and (
+            self.start.year == self.end.year
+        ):
+            return str(self.start.year)
+        last = calendar.monthrange(self.start.year, self.start.month)[1]
+        if self.start.day == 1 and self.end == self.start.replace(day=last):
+            return f"{calendar.month_name[self.start.month]} {self.start.year}"
+        return f"{_day(self.start)} - {_day(self.end)}"
+
+
+def _day(d: date) -> str:
+    return f"{d.day} {calendar.month_name[d.month]} {d.year}"
+
+
+def _week(d: date) -> tuple[date, date]:
+    monday = d - timedelta(days=d.weekday())
+    return monday, monday + timedelta(days=6)
+
+
+def _month(year: int, month: int) -> tuple[date, date]:
+    while month < 1:
+        year, month = year - 1, month + 12
+    while month > 12:
+        year, month = year + 1, month - 12
+    return date(year, month, 1), date(year, month, calendar.monthrange(year, month)[1])
+
+
+def _period(which: str, unit: str, said: date) -> tuple[date, date]:
+    step = {"last": -1, "past": -1, "previous": -1, "this": 0, "next": 1, "coming": 1}[which]
+    if unit == "year":
+        year = said.year + step
+        return date(year, 1, 1), date(year, 12, 31)
+    if unit == "month":
+        return _month(said.year, said.month + step)
+    if unit == "week":
+        return _week(said + timedelta(weeks=step))
+    # weekend: "last weekend" is the one before the week said in; "this"/"next" the one ahead
+    saturday = said + timedelta(days=5 - said.weekday())
+    if step < 0:
+        saturday -= timedelta(weeks=1)
+    elif step > 0 and said.weekday() >= 5:
+        saturday += timedelta(weeks=1)
+    return saturday, saturday + timedelta(days=1)
+
+
+def _ago(count: int, unit: str, said: date) -> tuple[date, date]:
+    if unit == "year":
+        return date(said.year - count, 1, 1), date(said.year - count, 12, 31)
+    if unit == "month":
+        return _month(said.year, said.month - count)
+    if unit == "week":
+        return _week(said - timedelta(weeks=count))
+    day = said - timedelta(days=count)
+    return day, day
+
+
+def _span_start(count: int, unit: str, said: date) -> date:
+    days = {"day": 1, "week": 7, "month": 30, "year": 365}[unit] * count
+    if unit == "year":
+        try:
+            return said.replace(year=said.year - count)
+        except ValueError:  # 29 February
+            return said.replace(year=said.year - count, day=28)
+    return said - timedelta(days=days)
+
+
+def resolve(words: str, said_at: datetime) -> When | None:
+    """The day or range ``words`` refer to, said at ``said_at``; None if they name no resolvable time."""
+    text = " ".join(words.lower().replace(",", " ").split()).strip(" .!?")
+    if not text or (_VAGUE.search(text) and not re.search(r"\d", text)):
+        return None
+    said = said_at.date()
+    found: tuple[date, date] | None = None
+    if match := _PERIOD.search(text):
+        found = _period(match.group(1), match.group(2), said)
+    elif match := _AGO.search(text):
+        found = _ago(_NUMBERS.get(match.group(1)) or int(match.group(1)), match.group(2), said)
+    elif match := _FOR.search(text):
+        found = (_span_start(_NUMBERS.get(match.group(1)) or int(match.group(1)), match.group(2), said), said)
+    elif match := _YEAR.match(text):
+        year = int(match.group(1))
+        found = (date(year, 1, 1), date(year, 12, 31))
+    elif match := _MONTH.match(text):
+        month = [m.lower() for m in calendar.month_name].index(match.group(1))
+        year = said.year - 1 if month > said.month and not text.startswith("next") else said.year
+        found = _month(year, month)
+    else:
+        found = _point(text, said_at)
+    if found is None or found[0] > found[1]:
+        return None
+    return When(found[0], found[1], words.strip())
+
+
+def _point(text: str, said_at: datetime) -> tuple[date, date] | None:
+    base = said_at.replace(tzinfo=None)
+    future = bool(re.search(r"\b(next|coming|tomorrow|upcoming|this)\b", text))
+    settings: dict[str, Any] = {
+        "RELATIVE_BASE": base,
+        "PREFER_DATES_FROM": "future" if future else "past",
+        "REQUIRE_PARTS": [],
+    }
+    for candidate in (text, re.sub(r"^(on|at|in|this past|since)\s+", "", text)):
+        parsed = dateparser.parse(candidate, languages=["en"], settings=settings)
+        if parsed is not None:
+            day = parsed.date()
+            # a bare weekday said in the past tense means the last one, never today
+            return day, day
+    return None

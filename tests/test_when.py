@@ -1,0 +1,52 @@
+"""Time words -> absolute days and ranges, relative to when they were said."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+import pytest
+
+from services.memorize.when import resolve
+
+MON = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)  # Monday 8 May 2023
+FRI = datetime(2023, 1, 20, 18, 0, tzinfo=UTC)  # Friday 20 January 2023
+SUN = datetime(2022, 1, 23, 9, 0, tzinfo=UTC)  # Sunday 23 January 2022
+
+
+@pytest.mark.parametrize(
+    ("words", "said", "start", "end", "shown"),
+    [
+        ("yesterday", MON, date(2023, 5, 7), date(2023, 5, 7), "7 May 2023"),
+        ("today", MON, date(2023, 5, 8), date(2023, 5, 8), "8 May 2023"),
+        ("tomorrow", FRI, date(2023, 1, 21), date(2023, 1, 21), "21 January 2023"),
+        ("two days ago", FRI, date(2023, 1, 18), date(2023, 1, 18), "18 January 2023"),
+        ("last Friday", SUN, date(2022, 1, 21), date(2022, 1, 21), "21 January 2022"),
+        ("next Fri", FRI, date(2023, 1, 27), date(2023, 1, 27), "27 January 2023"),
+        ("last week", MON, date(2023, 5, 1), date(2023, 5, 7), "1 May 2023 - 7 May 2023"),
+        ("this week", FRI, date(2023, 1, 16), date(2023, 1, 22), "16 January 2023 - 22 January 2023"),
+        ("last weekend", datetime(2023, 5, 12, tzinfo=UTC), date(2023, 5, 6), date(2023, 5, 7), None),
+        ("this weekend", FRI, date(2023, 1, 21), date(2023, 1, 22), None),
+        ("next month", MON, date(2023, 6, 1), date(2023, 6, 30), "June 2023"),
+        ("last month", datetime(2023, 1, 1, tzinfo=UTC), date(2022, 12, 1), date(2022, 12, 31), "December 2022"),
+        ("last year", MON, date(2022, 1, 1), date(2022, 12, 31), "2022"),
+        ("three years ago", MON, date(2020, 1, 1), date(2020, 12, 31), "2020"),
+        ("a couple of weeks ago", MON, date(2023, 4, 24), date(2023, 4, 30), None),
+        ("in 2019", MON, date(2019, 1, 1), date(2019, 12, 31), "2019"),
+        ("in March", MON, date(2023, 3, 1), date(2023, 3, 31), "March 2023"),
+        ("in August", MON, date(2022, 8, 1), date(2022, 8, 31), "August 2022"),  # said in May: last August
+        ("for 3 years now", SUN, date(2019, 1, 23), date(2022, 1, 23), None),
+        ("on May 2", MON, date(2023, 5, 2), date(2023, 5, 2), "2 May 2023"),
+    ],
+)
+def test_resolves(words: str, said: datetime, start: date, end: date, shown: str | None) -> None:
+    when = resolve(words, said)
+    assert when is not None, words
+    assert (when.start, when.end) == (start, end)
+    assert when.text == words
+    if shown is not None:
+        assert when.describe() == shown
+
+
+@pytest.mark.parametrize("words", ["recently", "lately", "the other day", "", "soon", "someday", "blue"])
+def test_vague_or_no_time_resolves_to_nothing(words: str) -> None:
+    assert resolve(words, MON) is None
