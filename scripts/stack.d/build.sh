@@ -7,7 +7,17 @@ set -euo pipefail
 
 kafka_dir() { echo "$STACK_CACHE/kafka-$KAFKA_VERSION"; }
 weaviate_bin() { echo "$STACK_CACHE/bin/weaviate-$WEAVIATE_VERSION/weaviate-server"; }
-ollama_bin() { echo "$STACK_CACHE/bin/ollama-$OLLAMA_VERSION/ollama"; }
+ollama_bin() { echo "$STACK_CACHE/bin/ollama-$OLLAMA_VERSION-simd-$(simd_tag)/ollama"; }
+
+# simd_tag: 8 hex digits naming $OLLAMA_SIMD_FLAGS and what they enable on this CPU with this C compiler (its
+# -march, -mtune and each -m<feature>), so a change of flags, CPU kind or compiler means a new Ollama binary and
+# new cgo objects in Go's build cache (which keys objects by flag strings, not by what -march=native resolves to).
+simd_tag() {
+    local flags
+    read -ra flags <<<"$OLLAMA_SIMD_FLAGS"
+    { echo "$OLLAMA_SIMD_FLAGS"; "${CC:-gcc}" "${flags[@]}" -Q --help=target 2>&1; } | cksum |
+        { read -r sum _ && printf '%08x\n' "$sum"; }
+}
 dgraph_bin() { echo "$STACK_CACHE/bin/dgraph-$DGRAPH_VERSION/dgraph"; }
 
 # The broker jars (kafka.Kafka, kafka.tools.StorageTool) and their runtime dependencies, with log4j2 behind
@@ -82,7 +92,14 @@ build_ollama() {
     [[ -x $(ollama_bin) ]] && return 0
     local headers
     headers=$(ollama_headers) || { say "ollama: could not fetch the vendored headers"; return 1; }
-    go_build ollama "$(ollama_bin)" "github.com/ollama/ollama@$OLLAMA_VERSION" CGO_ENABLED=1 CGO_CPPFLAGS="-I$headers"
+    local tag simd
+    tag=$(simd_tag)
+    # CGO_CFLAGS/CGO_CXXFLAGS reach every cgo package, ggml-cpu included (its own `#cgo CFLAGS` add only -O3 for C,
+    # after these); the unused macro puts the tag into Go's build cache keys
+    simd="$OLLAMA_SIMD_FLAGS -DMEMSTREAM_SIMD_TAG=$tag"
+    say "ollama: ggml CPU kernels built with $OLLAMA_SIMD_FLAGS (tag $tag)"
+    go_build ollama "$(ollama_bin)" "github.com/ollama/ollama@$OLLAMA_VERSION" CGO_ENABLED=1 CGO_CPPFLAGS="-I$headers" \
+        CGO_CFLAGS="$simd" CGO_CXXFLAGS="$simd"
 }
 # Dgraph: `go install module/dgraph@version` fails here because the module proxy refuses the module's version
 # list (403), which `go install` reads for deprecations, but it serves the v25.3.8 zip. So: download that zip with

@@ -5,6 +5,11 @@
 KAFKA_VERSION=4.1.1            # org.apache.kafka:kafka_2.13 from Maven Central, single-node KRaft
 WEAVIATE_VERSION=v1.35.2       # github.com/weaviate/weaviate/cmd/weaviate-server
 OLLAMA_VERSION=v0.17.4         # github.com/ollama/ollama (CPU build through cgo)
+# Ollama's `go install` compiles ggml's CPU kernels with cgo's default flags (-O2 -g, no -m...), so without these
+# they fall back to scalar code (no AVX; 0.45 tokens/s). -march=native: the binary runs only on CPUs with this
+# machine's instruction set. Fine here: CI runs on the same kind of machine, and the build is keyed by what
+# -march=native enables (build.sh: simd_tag), so a cache moved to another kind of CPU builds anew, not SIGILL.
+OLLAMA_SIMD_FLAGS="-O3 -march=native"
 OLLAMA_DEBS=(nlohmann-json3-dev=3.11.2-2 libstb-dev=0.0~git20220908.8b5f1f3+ds-1)  # headers its module zip lacks
 MINIAUDIO_VERSION=1.61         # PyPI miniaudio: its sdist carries miniaudio.h 0.11.16
 MINIAUDIO_SHA256=e88e97837d031f0fb6982394218b6487de02eaa382ad273b8fca37791a2b4b15
