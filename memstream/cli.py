@@ -6,6 +6,8 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -55,12 +57,32 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+#: how long `up --demo` waits for memorize and for the answer: a small local model on a busy CPU takes minutes a call
+DEMO_MEMORIZE_TIMEOUT_S = 1800.0
+DEMO_ANSWER_TIMEOUT_S = 1800.0
+#: a progress line at least this often while the demo waits
+DEMO_PROGRESS_EVERY_S = 15.0
+REPLAY_HINT = "memstream dead-letters replay --all"
+
+
 @app.command()
 def up(
     port: Annotated[int | None, typer.Option(help="gateway port (default MEMSTREAM_PORT)")] = None,
     host: Annotated[str | None, typer.Option(help="gateway address (default MEMSTREAM_HOST)")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Faust worker processes")] = 1,
     demo: Annotated[bool, typer.Option(help="ingest a short sample chat and ask a question once ready")] = False,
+    demo_memorize_timeout: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            envvar="MEMSTREAM_DEMO_MEMORIZE_TIMEOUT_S",
+            help="seconds the demo waits for every sample message to be memorized or dead-lettered",
+        ),
+    ] = DEMO_MEMORIZE_TIMEOUT_S,
+    demo_answer_timeout: Annotated[
+        float,
+        typer.Option(min=1.0, envvar="MEMSTREAM_DEMO_ANSWER_TIMEOUT_S", help="seconds the demo waits for the answer"),
+    ] = DEMO_ANSWER_TIMEOUT_S,
 ) -> None:
     """Start the broker (embedded unless MEMSTREAM_BROKER is set), the worker(s) and the gateway; Ctrl-C stops."""
     from memstream.runtime import StartupError
@@ -68,11 +90,12 @@ def up(
 
     settings = _settings()
     gateway_host, gateway_port = host or settings.host, port or settings.port
+    log_dir = settings.data_dir / "logs"
 
     async def on_ready(url: str) -> None:
-        typer.echo(f"memstream is up: {url}  (logs in {settings.data_dir / 'logs'}; Ctrl-C stops)")
+        typer.echo(f"memstream is up: {url}  (logs in {log_dir}; Ctrl-C stops)")
         if demo:
-            await _demo(url)
+            await _demo(url, log_dir, memorize_timeout_s=demo_memorize_timeout, answer_timeout_s=demo_answer_timeout)
 
     try:
         asyncio.run(run_up(settings, gateway_host, gateway_port, workers, on_ready))
@@ -81,28 +104,225 @@ def up(
     typer.echo("memstream stopped")
 
 
-async def _demo(url: str) -> None:
+async def _demo(
+    url: str,
+    log_dir: Path | None = None,
+    *,
+    memorize_timeout_s: float = DEMO_MEMORIZE_TIMEOUT_S,
+    answer_timeout_s: float = DEMO_ANSWER_TIMEOUT_S,
+    progress_every_s: float = DEMO_PROGRESS_EVERY_S,
+    poll_s: float = 2.0,
+    echo: Callable[[str], None] = typer.echo,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> bool:
+    """Send the sample chat, wait until each message is memorized or dead-lettered (``memorize_timeout_s``), show
+    what memory holds and what failed, then ask the sample question and wait for the answer (``answer_timeout_s``).
+    A progress line comes whenever something changes, and at least every ``progress_every_s``. True if all went
+    well."""
     from services.ingest.sample import DEMO_QUESTION, DEMO_USER, demo_messages
 
     messages = demo_messages()
-    async with httpx.AsyncClient(base_url=url, timeout=30.0) as http:
+    logs = f"{log_dir} (worker-*.log: memorize and QA, gateway.log)" if log_dir else "the worker's log"
+    async with httpx.AsyncClient(base_url=url, timeout=60.0, transport=transport) as http:
+        run = _DemoRun(http, echo, progress_every_s, poll_s)
+        before = await run.dead_letter_records(DEMO_USER)
         body = [m.model_dump(mode="json", exclude={"ingest_time"}) for m in messages]
-        (await http.post("/v1/messages", json=body)).raise_for_status()
-        typer.echo(f"demo: sent {len(messages)} messages for user {DEMO_USER!r}; memorizing...")
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            stats = (await http.get(f"/v1/stats/{DEMO_USER}")).json()
-            if stats.get("events", 0) >= len(messages):
-                break
-            await asyncio.sleep(1.0)
-        typer.echo(f"demo: memory {json.dumps(stats)}")
-        query_id = (await http.post("/v1/questions", json={"user_id": DEMO_USER, "question": DEMO_QUESTION})).json()
-        while time.monotonic() < deadline:
-            response = await http.get(f"/v1/answers/{query_id['query_id']}", params={"wait": 10})
-            if response.status_code == 200:
-                typer.echo(f"demo: Q: {DEMO_QUESTION}\ndemo: A: {response.json()['answer']}")
-                return
-        typer.echo("demo: no answer in time")
+        try:
+            (await http.post("/v1/messages", json=body)).raise_for_status()
+        except httpx.HTTPError as exc:
+            echo(f"demo: could not send the sample chat: {exc!r}; logs: {logs}")
+            return False
+        echo(
+            f"demo: sent {len(messages)} messages for user {DEMO_USER!r}; memorizing them with the LLM "
+            f"(up to {memorize_timeout_s:.0f}s; one call of a small local model on a busy CPU can take minutes; "
+            f"logs: {logs})"
+        )
+        wanted = [m.event_id for m in messages]
+        memorized, dead, finished = await run.wait_memorized(DEMO_USER, wanted, before, memorize_timeout_s)
+        await run.report_memory(DEMO_USER)
+        if not finished:
+            pending = len(wanted) - memorized - len(dead)
+            echo(
+                f"demo: memorize did not finish within {memorize_timeout_s:.0f}s: {pending} of {len(wanted)} "
+                "messages still pending (the worker goes on in the background); more time: "
+                "--demo-memorize-timeout or MEMSTREAM_DEMO_MEMORIZE_TIMEOUT_S"
+            )
+        if dead:
+            echo(f"demo: {len(dead)} of {len(wanted)} messages were dead-lettered:")
+            letters = {v["event_id"]: v for v in dead.values()}.values()
+            for letter in sorted(letters, key=lambda v: v["failed_event_ids"]):
+                echo(
+                    f"demo:   {', '.join(letter['failed_event_ids'])}: {letter['reason']} after "
+                    f"{letter['attempts']} attempt(s): {str(letter['error'])[:300]}"
+                )
+            echo(f"demo: once the cause is fixed, replay them: {REPLAY_HINT} --user {DEMO_USER}")
+        if dead or not finished:
+            echo(f"demo: logs: {logs}")
+        if memorized == 0:
+            echo("demo: nothing was memorized, so no question is asked")
+            return False
+        answered = await run.ask(DEMO_USER, DEMO_QUESTION, answer_timeout_s, logs)
+        return answered and finished and not dead
+
+
+class _DemoRun:
+    """The demo's polling of the gateway: stats, dead letters, /metrics, answers and traces."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, echo: Callable[[str], None], progress_every_s: float, poll_s: float
+    ) -> None:
+        self.http = http
+        self.echo = echo
+        self.progress_every_s = progress_every_s
+        self.poll_s = poll_s
+        self.loop = asyncio.get_running_loop()
+
+    async def _get(self, path: str, **params: Any) -> Any:
+        """The JSON of a GET, or None if the gateway did not answer it (a busy machine: try again next poll)."""
+        try:
+            response = await self.http.get(path, params=params)
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    async def _pause(self, deadline: float) -> None:
+        await asyncio.sleep(max(0.0, min(self.poll_s, deadline - self.loop.time())))
+
+    async def dead_letter_records(self, user_id: str, wait_s: float = 60.0) -> dict[str, int]:
+        """Records seen so far per dead letter of the user, once the gateway has read the topic's backlog: a
+        later record of a dead letter is a failure of this run."""
+        deadline = self.loop.time() + wait_s
+        while True:
+            page = await self._get("/v1/dead-letters", user_id=user_id, limit=1000)
+            if page is not None and (page.get("complete") or self.loop.time() >= deadline):
+                return {d["event_id"]: int(d["records"]) for d in page["dead_letters"]}
+            if self.loop.time() >= deadline:
+                return {}
+            await self._pause(deadline)
+
+    async def llm_summary(self) -> str:
+        try:
+            response = await self.http.get("/metrics")
+        except httpx.HTTPError:
+            return "LLM calls: unknown"
+        return _llm_summary(response.text) if response.status_code == 200 else "LLM calls: unknown"
+
+    async def wait_memorized(
+        self, user_id: str, wanted: Sequence[str], before: dict[str, int], timeout_s: float
+    ) -> tuple[int, dict[str, dict[str, Any]], bool]:
+        """(messages memorized, failed event id -> its new dead letter, finished) once every message of ``wanted``
+        is memorized or dead-lettered, or at the deadline."""
+        start = self.loop.time()
+        deadline = start + timeout_s
+        last_line, last_at = "", start
+        memorized, dead = 0, {}
+        while True:
+            stats = await self._get(f"/v1/stats/{user_id}")
+            page = await self._get("/v1/dead-letters", user_id=user_id, status="dead", limit=1000)
+            if stats is not None:
+                # the demo's user holds only the demo's messages (their ids are fixed, so a rerun adds none)
+                memorized = min(int(stats.get("events", 0)), len(wanted))
+            if page is not None:
+                dead = {
+                    event_id: letter
+                    for letter in page["dead_letters"]
+                    if letter["records"] > before.get(letter["event_id"], 0)
+                    for event_id in letter["failed_event_ids"]
+                    if event_id in wanted
+                }
+            done = memorized + len(dead) >= len(wanted)
+            now = self.loop.time()
+            line = f"memorized {memorized}/{len(wanted)}, dead-lettered {len(dead)}, {await self.llm_summary()}"
+            if line != last_line or now - last_at >= self.progress_every_s or done:
+                self.echo(f"demo: [{now - start:5.0f}s] {line}")
+                last_line, last_at = line, now
+            if done:
+                return memorized, dead, True
+            if now >= deadline:
+                return memorized, dead, False
+            await self._pause(deadline)
+
+    async def report_memory(self, user_id: str) -> None:
+        stats = await self._get(f"/v1/stats/{user_id}")
+        if stats is None:
+            self.echo("demo: memory: the gateway did not answer /v1/stats")
+            return
+        vertices = ", ".join(f"{v} {k}" for k, v in sorted(stats.get("vertices", {}).items())) or "no vertices"
+        self.echo(
+            f"demo: memory of {user_id!r}: {stats.get('events', 0)} events, {stats.get('theses_valid', 0)} valid "
+            f"theses, {vertices}, {sum(stats.get('edges', {}).values())} edges"
+        )
+
+    async def ask(self, user_id: str, question: str, timeout_s: float, logs: str) -> bool:
+        try:
+            response = await self.http.post("/v1/questions", json={"user_id": user_id, "question": question})
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            self.echo(f"demo: could not ask the question: {exc!r}; logs: {logs}")
+            return False
+        query_id = response.json()["query_id"]
+        self.echo(f"demo: Q: {question}  (answering; up to {timeout_s:.0f}s)")
+        start = self.loop.time()
+        deadline = start + timeout_s
+        last_at = start
+        while (left := deadline - self.loop.time()) > 0:
+            asked_at = self.loop.time()
+            answer = await self._get(f"/v1/answers/{query_id}", wait=min(10.0, max(0.1, left)))
+            if answer is not None:
+                if answer.get("status") == "error":
+                    self.echo(f"demo: answering failed: {answer.get('error')}; logs: {logs}")
+                    return False
+                self.echo(f"demo: A: {answer['answer']}  ({answer.get('status')})")
+                return True
+            now = self.loop.time()
+            if now - last_at >= self.progress_every_s:
+                trace = await self._get(f"/v1/traces/{query_id}")
+                stages = len(trace.get("timeline", [])) if trace else 0
+                self.echo(
+                    f"demo: [{now - start:5.0f}s] waiting for the answer: {stages} QA stage run(s) done, "
+                    f"{await self.llm_summary()}"
+                )
+                last_at = now
+            if now - asked_at < self.poll_s:  # a gateway that did not long-poll: do not spin
+                await self._pause(deadline)
+        self.echo(
+            f"demo: no answer within {timeout_s:.0f}s (the worker goes on; later: memstream ask {question!r} "
+            f"--user {user_id}); more time: --demo-answer-timeout or MEMSTREAM_DEMO_ANSWER_TIMEOUT_S; logs: {logs}"
+        )
+        return False
+
+
+def _llm_summary(metrics_text: str) -> str:
+    """LLM calls done so far, by outcome, and their mean latency, from the gateway's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    outcomes: Counter[str] = Counter()
+    seconds, timed = 0.0, 0.0
+    rejected: int | None = None
+    in_flight = 0
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name == "memstream_llm_calls_total":
+                    outcomes[sample.labels.get("outcome", "?")] += int(sample.value)
+                elif sample.name == "memstream_llm_in_flight":
+                    in_flight += int(sample.value)
+                elif sample.name == "memstream_llm_rejected_outputs_total":
+                    rejected = (rejected or 0) + int(sample.value)
+                elif sample.name == "memstream_llm_latency_seconds_sum":
+                    seconds += sample.value
+                elif sample.name == "memstream_llm_latency_seconds_count":
+                    timed += sample.value
+    except ValueError:
+        return "LLM calls: unknown"
+    failed, cached = outcomes["error"] + outcomes["cancelled"], outcomes["cached"]
+    text = f"LLM calls in flight: {in_flight}, done: {sum(outcomes.values())} "
+    text += f"({outcomes['ok']} ok, {failed} failed, {cached} cached)"
+    if rejected is not None:
+        text += f", {rejected} output(s) rejected"
+    if timed:
+        text += f", {seconds / timed:.1f}s per call"
+    return text
 
 
 @app.command()
@@ -251,6 +471,123 @@ def stats(
     typer.echo("vertices: " + ", ".join(f"{k} {v}" for k, v in sorted(result["vertices"].items())))
     typer.echo("edges:    " + ", ".join(f"{k} {v}" for k, v in sorted(result["edges"].items())))
     typer.echo(f"theses:   {result['theses_valid']} valid, {result['theses_invalidated']} invalidated")
+
+
+dead_letters_app = typer.Typer(
+    name="dead-letters",
+    help="Events memstream could not process, kept with the reason: list them, replay them once the cause is fixed.",
+    no_args_is_help=True,
+)
+app.add_typer(dead_letters_app)
+
+
+class DeadLetterStatus(StrEnum):
+    DEAD = "dead"
+    REPLAYED = "replayed"
+
+
+@dead_letters_app.command("list")
+def dead_letters_list(
+    user: Annotated[str | None, typer.Option("--user", "-u", help="only this user's")] = None,
+    reason: Annotated[str | None, typer.Option(help="only this reason, e.g. extraction_failed")] = None,
+    status: Annotated[DeadLetterStatus | None, typer.Option(help="only dead, or only replayed")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="at most this many, newest first")] = 100,
+    payload: Annotated[bool, typer.Option("--payload", help="with the original event (JSON output)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+    url: UrlOption = None,
+) -> None:
+    """Dead letters, newest first: what failed, why, and whether it was replayed."""
+    from services.gateway.client import GatewayClient, GatewayError
+
+    settings = _settings()
+    letters: list[dict[str, Any]] = []
+    with GatewayClient(_url(settings, url)) as client:
+        try:
+            while True:
+                page = client.dead_letters(
+                    user_id=user,
+                    reason=reason,
+                    status=status.value if status else None,
+                    limit=min(1000, limit - len(letters)),
+                    offset=len(letters),
+                    include_payload=payload,
+                )
+                letters.extend(page["dead_letters"])
+                if not page["dead_letters"] or len(letters) >= min(limit, page["total"]):
+                    break
+        except GatewayError as exc:
+            raise _fail(str(exc)) from exc
+    if not page["complete"]:
+        typer.secho("the gateway is still reading the dead-letter topic: the list may be incomplete", err=True)
+    if as_json:
+        typer.echo(json.dumps({"total": page["total"], "dead_letters": letters}, indent=2, ensure_ascii=False))
+        return
+    if not letters:
+        typer.echo("no dead letters")
+        return
+    shown = f", the newest {len(letters)} shown" if len(letters) < page["total"] else ""
+    typer.echo(f"{page['total']} dead letter(s){shown}")
+    for letter in letters:
+        replayed = f" at {letter['replayed_at'][:19]}" if letter.get("replayed_at") else ""
+        typer.echo(
+            f"{letter['dead_lettered_at'][:19]}  {letter['status']}{replayed}  {letter['reason']}  "
+            f"user={letter['user_id'] or '?'}  {letter['source_topic']}  {letter['event_id']}  "
+            f"events={','.join(letter['failed_event_ids']) or '?'}  attempts={letter['attempts']}"
+        )
+        typer.echo(f"    {str(letter['error'])[:300]}")
+
+
+@dead_letters_app.command("replay")
+def dead_letters_replay(
+    event_ids: Annotated[
+        list[str] | None, typer.Argument(help="dead-letter ids (dl_...) or the ids of the events that failed")
+    ] = None,
+    replay_all: Annotated[
+        bool, typer.Option("--all", help="every dead letter not replayed yet (narrowed by --user, --reason)")
+    ] = False,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="with --all: only this user's")] = None,
+    reason: Annotated[str | None, typer.Option(help="with --all: only this reason")] = None,
+    url: UrlOption = None,
+    wait: Annotated[float, typer.Option(help="seconds to wait for a gateway still reading the topic")] = 60.0,
+) -> None:
+    """Put dead-lettered events back on their topics, with the same event ids, to be processed again."""
+    from services.gateway.client import GatewayClient, GatewayError
+
+    if bool(event_ids) == replay_all:
+        raise _fail("name the dead letters to replay, or give --all", 2)
+    if event_ids and (user or reason):
+        raise _fail("--user and --reason filter --all; with ids, name the dead letters instead", 2)
+    settings = _settings()
+    replayed: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    with GatewayClient(_url(settings, url)) as client:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                result = client.replay_dead_letters(event_ids, replay_all=replay_all, user_id=user, reason=reason)
+            except GatewayError as exc:
+                if exc.status_code == 503 and time.monotonic() < deadline:
+                    time.sleep(1.0)  # the gateway is still reading the dead-letter topic
+                    continue
+                raise _fail(str(exc)) from exc
+            replayed.extend(result["replayed"])
+            skipped = result["skipped"]
+            # --all replays at most a page per request: go on while there is more and the last page moved
+            if not (replay_all and result["remaining"] and result["replayed"]):
+                break
+    for event in replayed:
+        typer.echo(
+            f"replayed {event['event_id']} (user {event['user_id']}, {event['source_topic']}; "
+            f"dead letter {', '.join(event['dead_letters'])})"
+        )
+    for letter in skipped:
+        typer.secho(f"skipped {letter['event_id']}: {letter['error']}", err=True, fg=typer.colors.YELLOW)
+    if not replayed:
+        typer.echo("nothing to replay")
+        return
+    typer.echo(
+        f"{len(replayed)} event(s) back on their topics; a new failure shows up again in `memstream dead-letters list`"
+    )
 
 
 def main() -> None:

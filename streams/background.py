@@ -1,11 +1,53 @@
-"""Stopping a background consumer loop: cancel its task, then close its consumer."""
+"""Background consumer loops: read topics with a consumer of no group, hand every fetch to a callback; stop one by
+cancelling its task, then closing its consumer. ``TopicFeed`` is that loop as a start/stop service."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import TypeVar
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel
+
+from services.logging import get_logger
+from streams.codec import InvalidEvent, decode
+
+log = get_logger(__name__)
+
+Fetch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
+M = TypeVar("M", bound=BaseModel)
+
+
+def tail_consumer(bootstrap: str, *topics: str, client_id: str) -> AIOKafkaConsumer:
+    """A consumer without a group (every reader sees every record, and there is no group join to wait for) that
+    reads ``topics`` from their earliest offsets."""
+    return AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        client_id=client_id,
+    )
+
+
+async def run_consumer_loop(
+    consumer: AIOKafkaConsumer, handle: Callable[[Fetch], Awaitable[None]], name: str, max_records: int = 500
+) -> None:
+    """Fetch and ``handle`` until cancelled; an empty fetch is handed over too (so the callback can tell when it
+    has caught up). Broker errors are logged and retried after a pause; ``handle`` must not raise."""
+    while True:
+        try:
+            fetched = await consumer.getmany(timeout_ms=500, max_records=max_records)
+        except KafkaError as exc:
+            log.warning("consumer_loop_error", loop=name, error=repr(exc))
+            await asyncio.sleep(1.0)  # back off before asking the broker again
+            continue
+        await handle(fetched)
 
 
 async def stop_consumer_loop(task: asyncio.Task[None] | None, consumer: AIOKafkaConsumer | None) -> None:
@@ -15,3 +57,49 @@ async def stop_consumer_loop(task: asyncio.Task[None] | None, consumer: AIOKafka
             await task
     if consumer is not None:
         await consumer.stop()
+
+
+def decode_records(records: Iterable[ConsumerRecord[bytes, bytes]], model: type[M], what: str) -> Iterator[M]:
+    """The records that decode as ``model``; the others are logged (as ``<what>_invalid``) and skipped, so one bad
+    record cannot stop a feed."""
+    for record in records:
+        try:
+            yield decode(record.value, model)
+        except InvalidEvent as exc:
+            log.warning(f"{what}_invalid", topic=record.topic, offset=record.offset, error=str(exc)[:300])
+
+
+class TopicFeed(ABC):
+    """Reads ``topics`` from their earliest offsets with a ``tail_consumer`` and hands every fetch to ``handle``,
+    from ``start()`` until ``stop()``: the shape of every in-memory view the gateway keeps of a topic."""
+
+    def __init__(self, bootstrap: str, topics: tuple[str, ...], client_id: str, name: str) -> None:
+        self.bootstrap = bootstrap
+        self.client_id = client_id
+        self.name = name  # the loop's task name and log label
+        self._topics = topics
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        self._consumer = tail_consumer(self.bootstrap, *self._topics, client_id=self.client_id)
+        await self._consumer.start()
+        await self.on_started(self._consumer)
+        loop = run_consumer_loop(self._consumer, self.handle, self.name)
+        self._task = asyncio.create_task(loop, name=self.name)
+
+    async def on_started(self, consumer: AIOKafkaConsumer) -> None:
+        """Called once the consumer is started, before the first fetch (e.g. to read where the topics end)."""
+        return None  # nothing to prepare by default
+
+    async def stop(self) -> None:
+        task, consumer, self._task, self._consumer = self._task, self._consumer, None, None
+        await stop_consumer_loop(task, consumer)
+
+    @abstractmethod
+    async def handle(self, fetched: Fetch) -> None:
+        """One fetch (possibly empty); must not raise, or the feed stops."""

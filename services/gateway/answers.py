@@ -7,15 +7,8 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
-
 from schemas.events import Answer
-from services.logging import get_logger
-from streams.background import stop_consumer_loop
-from streams.codec import InvalidEvent, decode
-
-log = get_logger(__name__)
+from streams.background import Fetch, TopicFeed, decode_records
 
 
 class AnswerBook:
@@ -48,49 +41,15 @@ class AnswerBook:
         return self._answers.get(query_id)
 
 
-class AnswerFeed:
+class AnswerFeed(TopicFeed):
     """Consumes the answers topic into an ``AnswerBook`` until stopped."""
 
     def __init__(self, bootstrap: str, topic: str, book: AnswerBook) -> None:
-        self.bootstrap = bootstrap
+        super().__init__(bootstrap, (topic,), client_id="memstream-gateway-answers", name="answer-feed")
         self.topic = topic
         self.book = book
-        self._task: asyncio.Task[None] | None = None
-        self._consumer: AIOKafkaConsumer | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._task is not None and not self._task.done()
-
-    async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(
-            self.topic,
-            bootstrap_servers=self.bootstrap,
-            group_id=None,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            client_id="memstream-gateway-answers",
-        )
-        await self._consumer.start()
-        self._task = asyncio.create_task(self._run(self._consumer), name="answer-feed")
-
-    async def _run(self, consumer: AIOKafkaConsumer) -> None:
-        while True:
-            try:
-                batches = await consumer.getmany(timeout_ms=500, max_records=500)
-            except KafkaError as exc:
-                log.warning("answer_feed_error", error=repr(exc))
-                await asyncio.sleep(1.0)
-                continue
-            for records in batches.values():
-                for record in records:
-                    try:
-                        answer = decode(record.value, Answer)
-                    except InvalidEvent as exc:
-                        log.warning("answer_invalid", offset=record.offset, error=str(exc)[:300])
-                        continue
-                    await self.book.put(answer)
-
-    async def stop(self) -> None:
-        task, consumer, self._task, self._consumer = self._task, self._consumer, None, None
-        await stop_consumer_loop(task, consumer)
+    async def handle(self, fetched: Fetch) -> None:
+        for records in fetched.values():
+            for answer in decode_records(records, Answer, "answer"):
+                await self.book.put(answer)

@@ -1,5 +1,6 @@
 """The HTTP gateway: validates events where they enter and produces them keyed by ``user_id``; serves answers
-from the answers topic, per-user stats from the store, health and Prometheus metrics."""
+from the answers topic, per-user stats from the store, dead letters (list and replay), health and Prometheus
+metrics."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from schemas.events import Event
 from services.domain import Stats
 from services.gateway import inputs
 from services.gateway.answers import AnswerBook, AnswerFeed
+from services.gateway.dead_letters import DeadLetterBook, DeadLetterFeed, dead_letter_router
 from services.gateway.graph import LazyStore
 from services.gateway.observability import install as install_observability
 from services.logging import get_logger
@@ -65,18 +67,12 @@ def _invalid(route: str, exc: inputs.InvalidInput) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": str(exc), "errors": exc.errors})
 
 
-async def _json_body(request: Request) -> Any:
-    try:
-        return await request.json()
-    except ValueError as exc:
-        raise inputs.InvalidInput(f"request body is not valid JSON: {exc}") from exc
-
-
 def create_app(
     settings: Settings,
     bootstrap: str | None = None,
     stats_reader: StatsReader | None = None,
     answers_capacity: int = 10_000,
+    dead_letters_capacity: int = 50_000,
 ) -> FastAPI:
     """The gateway app. ``bootstrap`` defaults to ``settings.broker``; ``stats_reader`` to the embedded store."""
     servers = bootstrap or settings.broker
@@ -85,6 +81,8 @@ def create_app(
     topics = TopicNames.from_settings(settings)
     book = AnswerBook(answers_capacity)
     feed = AnswerFeed(servers, topics.answers, book)
+    dead_letters = DeadLetterBook(dead_letters_capacity)
+    dead_letter_feed = DeadLetterFeed(servers, topics.dead_letters, dead_letters)
     store_stats = StoreStats(settings) if stats_reader is None else None
     read_stats: StatsReader = stats_reader or store_stats  # type: ignore[assignment]
     producer_box: list[AIOKafkaProducer] = []
@@ -97,10 +95,12 @@ def create_app(
         await producer.start()
         producer_box.append(producer)
         await feed.start()
+        await dead_letter_feed.start()
         log.info("gateway_ready", broker=servers)
         try:
             yield
         finally:
+            await dead_letter_feed.stop()
             await feed.stop()
             await producer.stop()
             if store_stats is not None:
@@ -109,6 +109,7 @@ def create_app(
     app = FastAPI(title="memstream gateway", version="1", lifespan=lifespan)
     app.state.answers = book
     app.state.topics = topics
+    app.state.dead_letters = dead_letters
 
     async def produce(topic: str, events: Sequence[Any]) -> None:
         producer = producer_box[0]
@@ -124,7 +125,7 @@ def create_app(
         request: Request, route: str, parse: Callable[[Any], Sequence[Event]], topic: str, kind: str
     ) -> Any:
         try:
-            events = parse(await _json_body(request))
+            events = parse(await inputs.json_body(request))
         except inputs.InvalidInput as exc:
             return _invalid(route, exc)
         await produce(topic, events)
@@ -142,7 +143,7 @@ def create_app(
     @app.post("/v1/questions", status_code=202, response_model=QueryAccepted)
     async def post_question(request: Request) -> Any:
         try:
-            query = inputs.query(await _json_body(request))
+            query = inputs.query(await inputs.json_body(request))
         except inputs.InvalidInput as exc:
             return _invalid("questions", exc)
         bind(query_id=query.query_id, user_id=query.user_id, event_id=query.event_id)
@@ -168,8 +169,13 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz() -> Any:
-        healthy = bool(producer_box) and feed.running
-        body = {"status": "ok" if healthy else "degraded", "broker": servers, "answers_cached": len(book)}
+        healthy = bool(producer_box) and feed.running and dead_letter_feed.running
+        body = {
+            "status": "ok" if healthy else "degraded",
+            "broker": servers,
+            "answers_cached": len(book),
+            "dead_letters": len(dead_letters),
+        }
         return JSONResponse(status_code=200 if healthy else 503, content=body)
 
     @app.get("/metrics")
@@ -181,6 +187,9 @@ def create_app(
             MultiProcessCollector(registry)
         data = generate_latest(registry) if registry is not None else generate_latest()
         return Response(content=data, media_type=CONTENT_TYPE_LATEST)
+
+    # operators: list dead letters, replay them onto their source topics
+    app.include_router(dead_letter_router(dead_letters, dead_letter_feed, topics, produce))
 
     # traces (JSON and SSE), the graph neighbourhood, the web page at /, the request log context, the lag sensor
     install_observability(app, settings, servers)

@@ -14,7 +14,11 @@ from schemas.events import ChatMessage, Document
 
 
 class GatewayError(RuntimeError):
-    pass
+    """The gateway was unreachable (``status_code`` None) or answered with an error status."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class GatewayClient:
@@ -54,7 +58,8 @@ class GatewayClient:
             except ValueError:
                 detail = response.text
             raise GatewayError(
-                f"{response.request.method} {response.request.url.path}: {response.status_code} {detail}"
+                f"{response.request.method} {response.request.url.path}: {response.status_code} {detail}",
+                response.status_code,
             )
         return response.json()
 
@@ -95,6 +100,35 @@ class GatewayClient:
 
     def stats(self, user_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._check(self._request("GET", f"/v1/stats/{user_id}"))
+        return result
+
+    def dead_letters(
+        self,
+        user_id: str | None = None,
+        reason: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        include_payload: bool = False,
+    ) -> dict[str, Any]:
+        """One page of dead letters, newest first: ``{"total", "complete", "dead_letters": [...]}``."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset, "include_payload": include_payload}
+        params |= {k: v for k, v in (("user_id", user_id), ("reason", reason), ("status", status)) if v is not None}
+        result: dict[str, Any] = self._check(self._request("GET", "/v1/dead-letters", params=params))
+        return result
+
+    def replay_dead_letters(
+        self,
+        event_ids: Sequence[str] | None = None,
+        *,
+        replay_all: bool = False,
+        user_id: str | None = None,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
+        """Replay the named dead letters, or (``replay_all``) every dead one matching the filters."""
+        body: dict[str, Any] = {"event_ids": list(event_ids)} if event_ids is not None else {"all": replay_all}
+        body |= {k: v for k, v in (("user_id", user_id), ("reason", reason)) if v is not None}
+        result: dict[str, Any] = self._check(self._request("POST", "/v1/dead-letters/replay", json=body))
         return result
 
     def trace_events(self, query_id: str, user_id: str, timeout_s: float) -> Iterator[tuple[str, Any]]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from fastapi import Request
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from schemas.events import ChatMessage, Document, Query, UserId
@@ -47,18 +48,28 @@ def _raw_time(item: dict[str, Any]) -> str:
     return "" if value is None else str(value)
 
 
-def _validate(model: type[E], item: dict[str, Any], label: str) -> E:
+def invalid_input(exc: ValidationError, label: str) -> InvalidInput:
+    """``exc`` as an ``InvalidInput`` naming ``label`` and the first failing field."""
+    errors = [
+        {"loc": [label, *[str(p) for p in e["loc"]]], "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_context=False)
+    ]
+    first = errors[0]
+    return InvalidInput(f"invalid {label}: {'.'.join(first['loc'][1:]) or '<root>'}: {first['msg']}", errors)
+
+
+def validate(model: type[E], item: dict[str, Any], label: str) -> E:
     try:
         return model.model_validate(item)
     except ValidationError as exc:
-        errors = [
-            {"loc": [label, *[str(p) for p in e["loc"]]], "msg": e["msg"], "type": e["type"]}
-            for e in exc.errors(include_url=False, include_context=False)
-        ]
-        first = errors[0]
-        raise InvalidInput(
-            f"invalid {label}: {'.'.join(first['loc'][1:]) or '<root>'}: {first['msg']}", errors
-        ) from exc
+        raise invalid_input(exc, label) from exc
+
+
+async def json_body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
 
 
 def _events(
@@ -73,7 +84,7 @@ def _events(
         if item.get("event_time") is None:
             item["event_time"] = now
         item["ingest_time"] = now  # the server's clock, whatever the client sent
-        events.append(_validate(model, item, f"{what} #{n}"))
+        events.append(validate(model, item, f"{what} #{n}"))
     return events
 
 
