@@ -48,9 +48,32 @@ def test_parses_valid_output_and_resolves_the_time_words() -> None:
     assert found[1].answered and found[1].facts == []
 
 
-def test_time_words_not_in_the_message_are_ignored() -> None:
+def test_time_words_not_in_the_message_are_replaced_by_the_message_s_own() -> None:
     out = {"messages": [{"m": 1, "facts": [fact("Anna", "Anna moved to Berlin.", when="in 2019")]}, {"m": 2}]}
-    assert ExtractTask().parse(json.dumps(out), INPUT)[0].facts[0].when is None
+    when = ExtractTask().parse(json.dumps(out), INPUT)[0].facts[0].when
+    assert when is not None and when.text == "last week"  # the model's invented year is not used
+    plain = ExtractionInput(items=[Item("Anna", "I moved to Berlin.", T)])
+    out = {"messages": [{"m": 1, "facts": [fact("Anna", "Anna moved to Berlin.", when="in 2019")]}]}
+    assert ExtractTask().parse(json.dumps(out), plain)[0].facts[0].when is None
+
+
+def test_an_empty_when_takes_the_time_of_the_sentence_the_fact_comes_from() -> None:
+    text = "I lost my job as a banker yesterday. Now I want to open a dance studio."
+    items = ExtractionInput(items=[Item("Jon", text, T)])
+    out = {
+        "messages": [
+            {
+                "m": 1,
+                "facts": [
+                    fact("Jon", "Jon lost his job as a banker."),
+                    fact("Jon", "Jon wants to open a dance studio."),
+                ],
+            }
+        ]
+    }
+    lost, studio = ExtractTask().parse(json.dumps(out), items)[0].facts
+    assert lost.when is not None and lost.when.start.isoformat() == "2023-06-01"
+    assert studio.when is None
 
 
 def test_a_message_without_an_entry_is_reported_not_dropped() -> None:
@@ -165,3 +188,16 @@ def test_chunking_respects_limits_and_keeps_text() -> None:
     chunks = chunk_text(text, 200)
     assert all(len(c) <= 200 for c in chunks)
     assert " ".join(chunks).split() == text.split()
+
+
+def test_the_worked_example_is_valid_output_for_its_own_input() -> None:
+    from services.memorize.extraction import EXAMPLE_IN, EXAMPLE_OUT, ExtractionOut, _opening
+
+    lines = EXAMPLE_IN.splitlines()[1:]
+    out = json.loads(EXAMPLE_OUT)
+    ExtractionOut.model_validate(out)
+    assert [m["m"] for m in out["messages"]] == list(range(1, len(lines) + 1))
+    for entry, line in zip(out["messages"], lines, strict=True):
+        speaker, text = line.split("] ", 1)[1].split(", ", 1)[0], line.split(": ", 1)[1]
+        assert (entry["speaker"], entry["starts"]) == (speaker, _opening(text))
+    assert sum(not m["facts"] for m in out["messages"]) >= 2  # quiet messages are shown as empty

@@ -35,7 +35,8 @@ _WORD = re.compile(r"[a-z0-9]+")
 class JudgeOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    same: Literal["yes", "no"]
+    same_person: Literal["yes", "no"]
+    same_claim: Literal["yes", "no"]
 
 
 class JudgeTask(LLMTask[JudgeOut, bool]):
@@ -43,21 +44,23 @@ class JudgeTask(LLMTask[JudgeOut, bool]):
 
     name = "judge"
     output_model = JudgeOut
-    max_tokens = 16
+    max_tokens = 48
 
     def messages(self, inputs: tuple[str, str]) -> list[LLMMessage]:
         gold, extracted = inputs
         return [
             LLMMessage(
                 role="system",
-                content="You check a memory. Answer yes if statement B states fact A about the same person "
-                "(wording may differ, B may add detail), otherwise no. Output JSON only.",
+                content="You check a memory against a fact. same_person: is B about the same person as A? "
+                "same_claim: does B state what A states (wording may differ, B may add detail)? Answer each with "
+                "yes or no. Output JSON only.",
             ),
             LLMMessage(role="user", content=f"A: {gold}\nB: {extracted}"),
         ]
 
     def postprocess(self, output: JudgeOut, inputs: Any) -> bool:
-        return output.same == "yes"
+        # two narrow questions: a small judge asked one broad one accepts "Gina lost her job" for "Jon lost his job"
+        return output.same_person == "yes" and output.same_claim == "yes"
 
 
 @dataclass
@@ -82,6 +85,8 @@ class Scores:
     objects: int = 0
     junk_objects: int = 0
     judge_calls: int = 0
+    recalled_by_embedding: int = 0  # without the judge: a lower bound that no judge's leniency inflates
+    precise_by_embedding: int = 0
     judgements: list[dict[str, Any]] = field(default_factory=list)
     misses: list[dict[str, Any]] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)
@@ -102,6 +107,8 @@ class Scores:
             "junk_entity_rate": share(self.junk_objects, self.objects),
             "objects": self.objects,
             "judge_calls": self.judge_calls,
+            "fact_recall_embedding_only": share(self.recalled_by_embedding, self.gold_facts),
+            "precision_embedding_only": share(self.precise_by_embedding, self.extracted),
         }
 
 
@@ -187,6 +194,8 @@ async def score(
             )
         return verdicts[(g, e)]
 
+    result.recalled_by_embedding = int((sims.max(axis=1) >= HIGH).sum())
+    result.precise_by_embedding = int((sims.max(axis=0) >= HIGH).sum())
     precise: set[int] = set()
     for g, (turn, fact) in enumerate(gold):
         order = np.argsort(-sims[g])[:3]

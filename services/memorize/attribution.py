@@ -117,7 +117,9 @@ def check_fact(
         # own first-person statement given to the wrong person.
         addressed = _SECOND_IN_TEXT.search(item.text) is not None
         if not addressed and named.casefold() not in item.text.casefold():
-            text = re.sub(rf"\b{re.escape(named)}\b", speaker, text)
+            if not text.startswith(named):
+                return "misattributed"
+            text = speaker + text[len(named) :]
             subject = speaker
     elif named:
         subject = named

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from services import ids
 from services.llm.task import LLMTask, TaskOutputError
 from services.memorize.attribution import MIN_GROUNDING, Speakers, check_fact, grounding
-from services.memorize.when import When, resolve
+from services.memorize.when import When, resolve, time_words
 from services.ports import LLMMessage
 
 MAX_FACTS_PER_MESSAGE = 3
@@ -114,22 +114,26 @@ PREDICTION for a plan or expectation) and temporal (STATIC: never changes, DYNAM
 always true). Output JSON only."""
 
 EXAMPLE_IN = """Conversation between Anna and Ben.
-[1] Anna, Friday 2 June 2023: I quit Siemens last week, now I'm a nurse at St. Mary's hospital!
-[2] Ben, Friday 2 June 2023: Wow, congrats! I'm still at Bosch, and I'm running a marathon next month.
-[3] Anna, Friday 2 June 2023: Thanks! How are you?"""
+[1] Anna, Friday 2 June 2023: Hi Ben! How was your week?
+[2] Ben, Friday 2 June 2023: Busy! I started a pottery class on Monday, I love it. [shares a photo: a clay bowl]
+[3] Anna, Friday 2 June 2023: Wow, that bowl is great! What else do you make there?
+[4] Anna, Friday 2 June 2023: Big news: I quit Siemens last week, now I'm a nurse at St. Mary's!
+[5] Ben, Friday 2 June 2023: Congrats, you'll be amazing at it!"""
 
 EXAMPLE_OUT = (
-    '{"messages":[{"m":1,"speaker":"Anna","starts":"I quit Siemens last week,","facts":['
+    '{"messages":[{"m":1,"speaker":"Anna","starts":"Hi Ben! How was your","facts":[]},'
+    '{"m":2,"speaker":"Ben","starts":"Busy! I started a pottery","facts":['
+    '{"subject":"Ben","fact":"Ben started a pottery class and loves it.","relation":"started","object":"pottery class",'
+    '"when":"on Monday","kind":"FACT","temporal":"DYNAMIC"},'
+    '{"subject":"Ben","fact":"Ben made a clay bowl in his pottery class.","relation":"made","object":"clay bowl",'
+    '"when":"","kind":"FACT","temporal":"STATIC"}]},'
+    '{"m":3,"speaker":"Anna","starts":"Wow, that bowl is great!","facts":[]},'
+    '{"m":4,"speaker":"Anna","starts":"Big news: I quit Siemens","facts":['
     '{"subject":"Anna","fact":"Anna quit her job at Siemens.","relation":"quit job at","object":"Siemens",'
     '"when":"last week","kind":"FACT","temporal":"STATIC"},'
-    '{"subject":"Anna","fact":"Anna works as a nurse at St. Mary\'s hospital.","relation":"works at",'
-    '"object":"St. Mary\'s hospital","when":"","kind":"FACT","temporal":"DYNAMIC"}]},'
-    '{"m":2,"speaker":"Ben","starts":"Wow, congrats! I\'m still","facts":['
-    '{"subject":"Ben","fact":"Ben works at Bosch.","relation":"works at","object":"Bosch","when":"",'
-    '"kind":"FACT","temporal":"DYNAMIC"},'
-    '{"subject":"Ben","fact":"Ben plans to run a marathon.","relation":"plans to run","object":"marathon",'
-    '"when":"next month","kind":"PREDICTION","temporal":"DYNAMIC"}]},'
-    '{"m":3,"speaker":"Anna","starts":"Thanks! How are you?","facts":[]}]}'
+    '{"subject":"Anna","fact":"Anna works as a nurse at St. Mary\'s.","relation":"works at","object":"St. Mary\'s",'
+    '"when":"","kind":"FACT","temporal":"DYNAMIC"}]},'
+    '{"m":5,"speaker":"Ben","starts":"Congrats, you\'ll be amazing at","facts":[]}]}'
 )
 
 
@@ -157,6 +161,17 @@ def render_items(data: ExtractionInput) -> str:
         else:
             lines.append(f"[{n}] {item.speaker or 'someone'}, {_day(item.time)}: {item.text}")
     return "\n".join(line for line in lines if line)
+
+
+def _when(words: str, fact: str, subject: str, item: Item, speakers: Speakers) -> When | None:
+    """The time words the model copied, if the message has them; else the message's one time phrase, when the
+    fact comes from the sentence that holds it (a small model often leaves ``when`` empty)."""
+    if words and words.casefold() in item.text.casefold():
+        return resolve(words, item.time)
+    phrases = time_words(item.text)
+    if len(phrases) == 1 and grounding(fact, subject, phrases[0][1], speakers) >= MIN_GROUNDING:
+        return resolve(phrases[0][0], item.time)
+    return None
 
 
 class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
@@ -230,7 +245,7 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
                 source = inputs.items[target - 1]
                 if any(ids.normalize_text(f.text) == ids.normalize_text(text) for f in results[target - 1].facts):
                     continue
-                when = resolve(raw.when, source.time) if raw.when and raw.when.lower() in source.text.lower() else None
+                when = _when(raw.when, text, subject, source, speakers)
                 results[target - 1].facts.append(Fact(subject, text, raw.relation, obj, raw.kind, raw.temporal, when))
         return results
 

@@ -43,6 +43,31 @@ _MONTH = re.compile(r"^(?:in|during|since|last|this|next)?\s*(" + "|".join(calen
 _VAGUE = re.compile(r"\b(recently|lately|the other day|soon|someday|sometime|always|ever|now|these days)\b")
 
 
+_WEEKDAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun)"
+_MONTH_NAME = "(?:" + "|".join(calendar.month_name[1:]).lower() + ")"
+#: Time words as they occur in running text, for a fact whose model gave none (longest alternatives first).
+_IN_TEXT = re.compile(
+    r"\b(?:"
+    r"the day before yesterday|yesterday|today|tonight|tomorrow|last night|this morning|"
+    rf"(?:last|past|previous|this|next|coming) (?:week(?:end)?|month|year|{_WEEKDAY}|summer|winter|spring|fall)|"
+    rf"{_NUM} (?:day|week|month|year)s? ago|"
+    rf"(?:on|last|next|this) {_WEEKDAY}|"
+    rf"(?:in|since|back in) (?:(?:19|20)\d\d|{_MONTH_NAME})|"
+    rf"{_MONTH_NAME} \d{{1,2}}(?:st|nd|rd|th)?"
+    r")\b",
+    re.IGNORECASE,
+)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def time_words(text: str) -> list[tuple[str, str]]:
+    """Every time phrase in ``text`` with the sentence it stands in."""
+    found: list[tuple[str, str]] = []
+    for sentence in _SENTENCE.split(text):
+        found.extend((m.group(0), sentence) for m in _IN_TEXT.finditer(sentence))
+    return found
+
+
 @dataclass(frozen=True)
 class When:
     """A day (``start == end``) or a range of days, inclusive, and the words it was read from."""
