@@ -43,7 +43,9 @@ def load_messages(data_dir: Path, count: int, users: int) -> list[ChatMessage]:
     per_user = -(-count // users)
     for u in range(users):
         for m in base[:per_user]:
-            out.append(m.model_copy(update={"user_id": f"user{u}", "event_id": f"{m.event_id}-u{u}"}))
+            # each user's text is its own, so no LLM-cache hit across users flatters the calls per message
+            text = f"{m.text} (from user {u})"
+            out.append(m.model_copy(update={"user_id": f"user{u}", "event_id": f"{m.event_id}-u{u}", "text": text}))
     # interleave users, as a chat platform would deliver them
     out.sort(key=lambda m: (m.event_id.rsplit("-u", 1)[0], m.user_id))
     return out[:count]

@@ -33,7 +33,10 @@ class Settings(BaseSettings):
     # Memorize micro-batching: one extraction call covers several messages of one user
     batch_max_messages: int = Field(default=8, ge=1, le=16)
     batch_token_budget: int = Field(default=1200, ge=64, description="approximate input tokens per extraction")
-    batch_wait_s: float = Field(default=0.5, ge=0.0, description="how long to wait for a batch to fill")
+    batch_wait_s: float = Field(default=0.5, ge=0.0, description="how long one take from the topic waits to fill")
+    batch_max_hold_s: float = Field(
+        default=3.0, ge=0.0, description="how long a user's partial batch is held for more of their messages"
+    )
     extraction_attempts: int = Field(default=3, ge=1)
     document_chunk_chars: int = Field(default=1500, ge=200)
     invalidation_candidates: int = Field(

@@ -12,6 +12,8 @@ Settings chosen for the embedded Tansu broker, and fine on Apache Kafka too:
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any, cast
 
 import faust
@@ -19,6 +21,7 @@ import faust
 from services.container import Services
 from services.settings import Settings
 from streams.handlers import MemorizeHandler, QAHandler, Record
+from streams.holdback import Holdback
 from streams.topics import TopicNames
 
 #: How many users' full extraction batches one agent step takes from the stream.
@@ -80,11 +83,35 @@ def create_app(settings: Settings, bootstrap: str, services: Services, web_port:
     @app.agent(memory_events, name="memorize")
     async def memorize(stream: faust.StreamT[Any]) -> None:
         # noack_take: events are acked by hand, only after the store write committed and the updates were
-        # published, so a crash before that replays the batch instead of losing it.
-        async for events in cast(faust.Stream[Any], stream).noack_take(take_max, within=batch_wait):
-            records = [Record(e.message.topic, e.message.key, e.message.value) for e in events]
-            await memorize_handler.handle(records)
-            for event in events:
+        # published, so a crash before that replays the batch instead of losing it. A user's partial batch is
+        # held (unacked) over the next takes until it fills or waited its time; the next take is already being
+        # read while a batch is processed, and is not cancelled to wait for the held one.
+        holdback: Holdback[Any] = Holdback(settings.batch_max_messages, settings.batch_max_hold_s, take_max * 4)
+        takes = cast(faust.Stream[Any], stream).noack_take(take_max, within=batch_wait).__aiter__()
+        next_take: asyncio.Future[Any] = asyncio.ensure_future(takes.__anext__())
+        try:
+            while True:
+                done, _ = await asyncio.wait({next_take}, timeout=holdback.wait_s(time.monotonic()))
+                if next_take in done:
+                    try:
+                        events = next_take.result()
+                    except StopAsyncIteration:
+                        break
+                    for event in events:
+                        holdback.add(event.message.key, event, time.monotonic())
+                    next_take = asyncio.ensure_future(takes.__anext__())
+                ready = holdback.release(time.monotonic())
+                if not ready:
+                    continue
+                await memorize_handler.handle([Record(e.message.topic, e.message.key, e.message.value) for e in ready])
+                for event in ready:
+                    await stream.ack(event)
+        finally:
+            next_take.cancel()  # the worker is stopping: the pending read goes with it
+        rest = holdback.release(float("inf"))  # the stream ended: nothing held is left unprocessed
+        if rest:
+            await memorize_handler.handle([Record(e.message.topic, e.message.key, e.message.value) for e in rest])
+            for event in rest:
                 await stream.ack(event)
 
     @app.agent(queries, name="qa", concurrency=settings.llm_max_concurrency)

@@ -201,3 +201,28 @@ def test_the_worked_example_is_valid_output_for_its_own_input() -> None:
         speaker, text = line.split("] ", 1)[1].split(", ", 1)[0], line.split(": ", 1)[1]
         assert (entry["speaker"], entry["starts"]) == (speaker, _opening(text))
     assert sum(not m["facts"] for m in out["messages"]) >= 2  # quiet messages are shown as empty
+
+
+def test_a_question_is_not_a_fact_and_a_time_dates_only_its_clause() -> None:
+    said = datetime(2024, 3, 2, tzinfo=UTC)
+    items = [
+        Item("Ben", "Congrats Anna! Didn't you work at Siemens before?", said),
+        Item("Ben", "Nice! I'm still in Munich, training for the Berlin marathon in September.", said),
+    ]
+    out = {
+        "messages": [
+            {"m": 1, "facts": [fact("Ben", "Ben worked at Siemens before.", "worked at", "Siemens")]},
+            {
+                "m": 2,
+                "facts": [
+                    fact("Ben", "Ben is still in Munich.", "lives in", "Munich", when="in September"),
+                    fact("Ben", "Ben is training for the Berlin marathon.", "training for", "Berlin marathon"),
+                ],
+            },
+        ]
+    }
+    asked, told = ExtractTask().parse(json.dumps(out), ExtractionInput(items=items))
+    assert asked.facts == [] and asked.dropped == ["from_question"]
+    munich, marathon = told.facts
+    assert munich.when is None  # "in September" dates the training, not where Ben lives
+    assert marathon.when is not None and marathon.when.describe() == "September 2024"  # still to come

@@ -50,3 +50,13 @@ def test_resolves(words: str, said: datetime, start: date, end: date, shown: str
 @pytest.mark.parametrize("words", ["recently", "lately", "the other day", "", "soon", "someday", "blue"])
 def test_vague_or_no_time_resolves_to_nothing(words: str) -> None:
     assert resolve(words, MON) is None
+
+
+def test_a_bare_month_or_weekday_of_a_plan_is_the_next_one() -> None:
+    said = datetime(2024, 3, 2, tzinfo=UTC)  # a Saturday
+    later = resolve("in September", said, future=True)
+    earlier = resolve("in September", said)
+    assert later is not None and (later.start, later.end) == (date(2024, 9, 1), date(2024, 9, 30))
+    assert earlier is not None and earlier.start == date(2023, 9, 1)
+    friday = resolve("on Friday", said, future=True)
+    assert friday is not None and friday.start == date(2024, 3, 8)

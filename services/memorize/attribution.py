@@ -19,6 +19,7 @@ _FIRST = {"i", "me", "my", "mine", "myself", "speaker", "the speaker"}
 _SECOND = {"you", "your", "yours", "yourself", "listener"}
 _NOTHING = {"", "unknown", "none", "n/a", "na", "null", "nothing", "something", "someone", "it", "this", "that"}
 _WORD = re.compile(r"[a-z0-9]+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
 # words that carry no content: a fact must share something beyond these (and names) with its message
 _STOP = frozenset(
     re.findall(
@@ -128,6 +129,9 @@ def check_fact(
         obj = ""  # an object the message does not name would be a hallucinated entity
     if grounding(text, subject, item.text, speakers) < MIN_GROUNDING:
         return "ungrounded"
+    statements = " ".join(s for s in _SENTENCE.split(item.text) if not s.rstrip().endswith("?"))
+    if grounding(text, subject, statements, speakers) < MIN_GROUNDING:
+        return "from_question"  # "Didn't you work at Siemens?" asks; the answer, if any, is the fact
     return subject, text, obj
 
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from services import ids
 from services.llm.task import LLMTask, TaskOutputError
 from services.memorize.attribution import MIN_GROUNDING, Speakers, check_fact, grounding
-from services.memorize.when import When, resolve, time_words
+from services.memorize.when import When, resolve, sounds_future, time_words
 from services.ports import LLMMessage
 
 MAX_FACTS_PER_MESSAGE = 3
@@ -163,15 +163,20 @@ def render_items(data: ExtractionInput) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def _when(words: str, fact: str, subject: str, item: Item, speakers: Speakers) -> When | None:
-    """The time words the model copied, if the message has them; else the message's one time phrase, when the
-    fact comes from the sentence that holds it (a small model often leaves ``when`` empty)."""
-    if words and words.casefold() in item.text.casefold():
-        return resolve(words, item.time)
+def _when(words: str, fact: Fact | FactOut, subject: str, item: Item, speakers: Speakers) -> When | None:
+    """When the fact happened: from the time words the model copied, else from the message's one time phrase
+    (a small model often leaves ``when`` empty); either only if the fact comes from the clause those words date."""
     phrases = time_words(item.text)
-    if len(phrases) == 1 and grounding(fact, subject, phrases[0][1], speakers) >= MIN_GROUNDING:
-        return resolve(phrases[0][0], item.time)
-    return None
+    if words and words.casefold() in item.text.casefold():
+        # the model's words, dated by their own clause if they are a phrase we know, else by the message
+        phrases = [(p, c) for p, c in phrases if p.casefold() == words.casefold()] or [(words, item.text)]
+    if len(phrases) != 1:
+        return None
+    phrase, context = phrases[0]
+    text = fact.fact if isinstance(fact, FactOut) else fact.text
+    if grounding(text, subject, context, speakers) < MIN_GROUNDING:
+        return None
+    return resolve(phrase, item.time, future=fact.kind == "PREDICTION" or sounds_future(context))
 
 
 class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
@@ -245,7 +250,7 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
                 source = inputs.items[target - 1]
                 if any(ids.normalize_text(f.text) == ids.normalize_text(text) for f in results[target - 1].facts):
                     continue
-                when = _when(raw.when, text, subject, source, speakers)
+                when = _when(raw.when, raw, subject, source, speakers)
                 results[target - 1].facts.append(Fact(subject, text, raw.relation, obj, raw.kind, raw.temporal, when))
         return results
 

@@ -58,14 +58,28 @@ _IN_TEXT = re.compile(
     re.IGNORECASE,
 )
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_CLAUSE = re.compile(r"[,;:]\s+|\s+-\s+")
+_FUTURE = re.compile(
+    r"\b(will|'ll|going to|gonna|plan|planning|hope to|want to|next|upcoming|soon|training for)\b", re.I
+)
 
 
 def time_words(text: str) -> list[tuple[str, str]]:
-    """Every time phrase in ``text`` with the sentence it stands in."""
+    """Every time phrase in ``text`` with what it dates: its clause ("I'm still in Munich, training for the
+    marathon in September" dates the training, not Munich), or its whole sentence when the clause is only an
+    opening ("Last week, I won my first tournament")."""
     found: list[tuple[str, str]] = []
     for sentence in _SENTENCE.split(text):
-        found.extend((m.group(0), sentence) for m in _IN_TEXT.finditer(sentence))
+        for clause in _CLAUSE.split(sentence):
+            for match in _IN_TEXT.finditer(clause):
+                rest = clause[: match.start()] + clause[match.end() :]
+                found.append((match.group(0), sentence if len(rest.split()) <= 3 else clause))
     return found
+
+
+def sounds_future(text: str) -> bool:
+    """Whether ``text`` speaks of what is still to come ("I'm training for the marathon in September")."""
+    return _FUTURE.search(text) is not None
 
 
 @dataclass(frozen=True)
@@ -146,8 +160,9 @@ def _span_start(count: int, unit: str, said: date) -> date:
     return said - timedelta(days=days)
 
 
-def resolve(words: str, said_at: datetime) -> When | None:
-    """The day or range ``words`` refer to, said at ``said_at``; None if they name no resolvable time."""
+def resolve(words: str, said_at: datetime, future: bool = False) -> When | None:
+    """The day or range ``words`` refer to, said at ``said_at``; None if they name no resolvable time.
+    ``future``: the statement is about what is to come, so a bare month or weekday is the next one."""
     text = " ".join(words.lower().replace(",", " ").split()).strip(" .!?")
     if not text or (_VAGUE.search(text) and not re.search(r"\d", text)):
         return None
@@ -164,18 +179,21 @@ def resolve(words: str, said_at: datetime) -> When | None:
         found = (date(year, 1, 1), date(year, 12, 31))
     elif match := _MONTH.match(text):
         month = [m.lower() for m in calendar.month_name].index(match.group(1))
-        year = said.year - 1 if month > said.month and not text.startswith("next") else said.year
+        if future or text.startswith("next"):
+            year = said.year + 1 if month < said.month else said.year
+        else:
+            year = said.year - 1 if month > said.month else said.year
         found = _month(year, month)
     else:
-        found = _point(text, said_at)
+        found = _point(text, said_at, future)
     if found is None or found[0] > found[1]:
         return None
     return When(found[0], found[1], words.strip())
 
 
-def _point(text: str, said_at: datetime) -> tuple[date, date] | None:
+def _point(text: str, said_at: datetime, future: bool) -> tuple[date, date] | None:
     base = said_at.replace(tzinfo=None)
-    future = bool(re.search(r"\b(next|coming|tomorrow|upcoming|this)\b", text))
+    future = future or bool(re.search(r"\b(next|coming|tomorrow|upcoming|this)\b", text))
     settings: dict[str, Any] = {
         "RELATIVE_BASE": base,
         "PREFER_DATES_FROM": "future" if future else "past",
