@@ -226,3 +226,29 @@ def test_a_question_is_not_a_fact_and_a_time_dates_only_its_clause() -> None:
     munich, marathon = told.facts
     assert munich.when is None  # "in September" dates the training, not where Ben lives
     assert marathon.when is not None and marathon.when.describe() == "September 2024"  # still to come
+
+
+def test_a_greeting_by_name_does_not_make_a_first_person_fact_the_other_s() -> None:
+    items = [
+        Item("Gina", "Hi Jon!", T),
+        Item("Jon", "Hey Gina! I lost my job as a banker yesterday.", T),
+        Item("Gina", "Oh no, Jon, sorry! You will find something better, you're great at dancing.", T),
+    ]
+    out = {
+        "messages": [
+            {"m": 1, "facts": []},
+            {"m": 2, "facts": [fact("Gina", "Gina lost her job as a banker.", "lost job as", "banker")]},
+            {
+                "m": 3,
+                "facts": [
+                    fact("Jon", "Jon is great at dancing.", "is great at", "dancing", kind="OPINION"),
+                    fact("Gina", "Gina thanks Jon for the news.", "thanks", "Jon"),
+                    fact("It", "It is sad news.", "is", "news"),
+                ],
+            },
+        ]
+    }
+    _, lost, reply = ExtractTask().parse(json.dumps(out), ExtractionInput(items=items))
+    assert [(f.subject, f.text) for f in lost.facts] == [("Jon", "Jon lost her job as a banker.")]
+    assert [(f.subject, f.text) for f in reply.facts] == [("Jon", "Jon is great at dancing.")]  # "you" is Jon
+    assert sorted(reply.dropped) == ["speech_act", "subject_pronoun"]

@@ -84,7 +84,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"{sample} {start + len(chunk)}/{len(sample_turns)} dead={dead}", flush=True)
         seconds = time.perf_counter() - started
         usage = {task: vars(u) for task, u in llm.by_task.items()}
-        result = await score(turns, store.applied, embedder, judge=None if args.no_judge else llm)
+        judge = llm
+        if args.judge_model and args.judge_model != llm.model:
+            # one judge for every model compared, so their scores differ by what they extracted, not who judged
+            judge = build_llm(settings.model_copy(update={"llm_model": args.judge_model}), cache=cache)
+        result = await score(turns, store.applied, embedder, judge=None if args.no_judge else judge)
         messages = len(turns)
         extract = llm.by_task.get("extract")
         summary = {
@@ -94,6 +98,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "resolve": not args.no_resolve,
                 "llm": args.llm,
                 "model": llm.model,
+                "judge": None if args.no_judge else args.judge_model,
             },
             "messages": messages,
             **result.summary(),
@@ -150,6 +155,9 @@ def main() -> None:
     parser.add_argument("--no-example", action="store_true", help="extraction prompt without its worked example")
     parser.add_argument("--no-resolve", action="store_true", help="skip the duplicate/contradiction call")
     parser.add_argument("--no-judge", action="store_true", help="embedding matching only")
+    parser.add_argument(
+        "--judge-model", default=Settings.model_fields["llm_model"].default, help="local model that judges matches"
+    )
     parser.add_argument("--llm", default="local", choices=["local", "ollama"])
     parser.add_argument("--model", help="MEMSTREAM_LLM_MODEL for this run")
     parser.add_argument("--data-dir", help="where local model files are assembled (default: a temp folder)")

@@ -55,6 +55,12 @@ _SECOND_FORMS = [
     (re.compile(r"\b[Yy]ours\b"), "{name}'s"),
     (re.compile(r"\b[Yy]ou\b"), "{name}"),
 ]
+_OTHER_PRONOUNS = {"it", "they", "he", "she", "we", "them", "this", "that", "someone", "people", "everyone"}
+_GREETING = re.compile(r"\b(hey|hi|hello|wow|oh|thanks|thank you|congrats|yeah|yes|no|aw+)\s*$", re.IGNORECASE)
+_SPEECH_ACT = re.compile(
+    r"^\S+(?: \S+)? (?:thanks?|thanked|congratulat\w*|compliment\w*|asks?|asked|greet\w*|apologi\w*|wish\w*)\b",
+    re.IGNORECASE,
+)
 _SECOND_IN_TEXT = re.compile(r"\b(you|your|yours|yourself|you're|you've|you'll)\b", re.IGNORECASE)
 
 
@@ -112,12 +118,14 @@ def check_fact(
         text = _rewrite(text, _FIRST_FORMS, speaker)
     if addressee:
         text = _rewrite(text, _SECOND_FORMS, addressee)
+    if key in _OTHER_PRONOUNS:
+        return "subject_pronoun"
     named = speakers.find(subject)
     if speaker and named and named != speaker:
-        # A fact about the other person needs the message to name or address them; otherwise it is the speaker's
-        # own first-person statement given to the wrong person.
-        addressed = _SECOND_IN_TEXT.search(item.text) is not None
-        if not addressed and named.casefold() not in item.text.casefold():
+        # A fact about the other person needs the sentence it comes from to speak of them ("you", or their name
+        # other than as a greeting); otherwise it is the speaker's own first-person statement, misattributed.
+        sentence = _source_sentence(text, subject, item.text, speakers)
+        if _SECOND_IN_TEXT.search(sentence) is None and not _mentions(sentence, named):
             if not text.startswith(named):
                 return "misattributed"
             text = speaker + text[len(named) :]
@@ -127,12 +135,32 @@ def check_fact(
     obj = " ".join(obj.split())
     if obj.casefold() in _NOTHING or not (_content(obj) & (_content(item.text) | _content(text))):
         obj = ""  # an object the message does not name would be a hallucinated entity
+    if _SPEECH_ACT.match(text) and any(n != subject and n in text for n in speakers.names):
+        return "speech_act"  # "Anna thanks Ben", "Ben asked Anna about ...": the conversation, not a memory
     if grounding(text, subject, item.text, speakers) < MIN_GROUNDING:
         return "ungrounded"
     statements = " ".join(s for s in _SENTENCE.split(item.text) if not s.rstrip().endswith("?"))
     if grounding(text, subject, statements, speakers) < MIN_GROUNDING:
         return "from_question"  # "Didn't you work at Siemens?" asks; the answer, if any, is the fact
     return subject, text, obj
+
+
+def _source_sentence(fact: str, subject: str, message: str, speakers: Speakers) -> str:
+    """The sentence of ``message`` that says most of ``fact``."""
+    sentences = _SENTENCE.split(message)
+    return max(sentences, key=lambda sentence: grounding(fact, subject, sentence, speakers))
+
+
+def _mentions(sentence: str, name: str) -> bool:
+    """Whether ``sentence`` names ``name`` other than by addressing them ("Hey Mel!", "Wow, Caroline!")."""
+    for match in re.finditer(rf"\b{re.escape(name)}\b", sentence, re.IGNORECASE):
+        before, after = sentence[: match.start()].rstrip(), sentence[match.end() :].lstrip()
+        vocative = (not before or before[-1] in ",.!?" or _GREETING.search(before)) and (
+            not after or after[0] in ",.!?"
+        )
+        if not vocative:
+            return True
+    return False
 
 
 #: Share of a fact's content words (names aside) that must occur in its message. A small model pads quiet
