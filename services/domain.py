@@ -56,6 +56,9 @@ class Vertex(BaseModel):
 
     def valid_at(self, when: datetime | None) -> bool:
         """True if this vertex held at ``when`` (``None``: now, i.e. not invalidated)."""
+        if self.kind is VertexKind.EPISODIC:
+            # a message is memory from the moment it was said
+            return when is None or self.t_valid is None or self.t_valid <= when
         if self.kind is not VertexKind.THESIS:
             return True
         if when is None:

@@ -89,9 +89,9 @@ class SimpleQA:
 
         t0 = time.perf_counter()
         vector = (await self.embedder.embed([query.question]))[0]
-        hits = await self.store.search(
-            query.user_id, [VertexKind.THESIS.value], vector, query.question, k=self.top_k * 3
-        )
+        # theses and the messages themselves: what extraction missed is still found in the words said
+        kinds = [VertexKind.THESIS.value, VertexKind.EPISODIC.value]
+        hits = await self.store.search(query.user_id, kinds, vector, query.question, k=self.top_k * 3)
         found = await self.store.get_vertices(query.user_id, [h.id for h in hits])
         memory = [found[h.id] for h in hits if h.id in found and found[h.id].valid_at(query.as_of)][: self.top_k]
         await stage(6, "traversal", t0, StageStatus.OK if memory else StageStatus.EMPTY, vertices=len(memory))
