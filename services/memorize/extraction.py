@@ -163,7 +163,7 @@ def render_items(data: ExtractionInput) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def _when(words: str, fact: Fact | FactOut, subject: str, item: Item, speakers: Speakers) -> When | None:
+def _when(words: str, fact: FactOut, subject: str, item: Item, speakers: Speakers) -> When | None:
     """When the fact happened: from the time words the model copied, else from the message's one time phrase
     (a small model often leaves ``when`` empty); either only if the fact comes from the clause those words date."""
     phrases = time_words(item.text)
@@ -173,8 +173,7 @@ def _when(words: str, fact: Fact | FactOut, subject: str, item: Item, speakers: 
     if len(phrases) != 1:
         return None
     phrase, context = phrases[0]
-    text = fact.fact if isinstance(fact, FactOut) else fact.text
-    if grounding(text, subject, context, speakers) < MIN_GROUNDING:
+    if grounding(fact.fact, subject, context, speakers) < MIN_GROUNDING:
         return None
     return resolve(phrase, item.time, future=fact.kind == "PREDICTION" or sounds_future(context))
 

@@ -10,9 +10,10 @@ a single event that fails becomes a dead letter with the reason.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
@@ -74,6 +75,24 @@ def _tokens(text: str) -> int:
     return len(text) // 4 + 8
 
 
+T = TypeVar("T")
+
+
+def _pack(items: list[T], text: Callable[[T], str], max_items: int, token_budget: int) -> list[list[T]]:
+    """Consecutive items in batches of at most ``max_items`` and about ``token_budget`` input tokens."""
+    batches: list[list[T]] = []
+    size = 0
+    for item in items:
+        tokens = _tokens(text(item))
+        if batches and len(batches[-1]) < max_items and size + tokens <= token_budget:
+            batches[-1].append(item)
+            size += tokens
+        else:
+            batches.append([item])
+            size = tokens
+    return batches
+
+
 def _with_outcome(source: Source, found: ItemFacts) -> Source:
     """The episode records how many facts came of it and, if none, why: never an unexplained empty."""
     props = {"facts": str(len(found.facts))}
@@ -118,22 +137,8 @@ class MemorizeService:
         return outcome
 
     def _groups(self, events: list[MemoryEvent]) -> list[list[MemoryEvent]]:
-        """Pack whole events into groups within the batch limits; a change set never splits an event."""
-        groups: list[list[MemoryEvent]] = []
-        size = 0
-        for event in events:
-            tokens = _tokens(event.text)
-            if (
-                groups
-                and len(groups[-1]) < self.settings.batch_max_messages
-                and (size + tokens <= self.settings.batch_token_budget)
-            ):
-                groups[-1].append(event)
-                size += tokens
-            else:
-                groups.append([event])
-                size = tokens
-        return groups
+        """Whole events packed within the batch limits; a change set never splits an event."""
+        return _pack(events, lambda e: e.text, self.settings.batch_max_messages, self.settings.batch_token_budget)
 
     async def _memorize_group(
         self, user_id: str, events: list[MemoryEvent], outcome: MemorizeOutcome, source_topic: str
@@ -201,20 +206,7 @@ class MemorizeService:
         return found, calls
 
     def _batches(self, units: list[_Unit]) -> list[list[_Unit]]:
-        batches: list[list[_Unit]] = []
-        size = 0
-        for unit in units:
-            tokens = _tokens(unit.item.text)
-            if batches and (
-                len(batches[-1]) < self.settings.batch_max_messages
-                and size + tokens <= self.settings.batch_token_budget
-            ):
-                batches[-1].append(unit)
-                size += tokens
-            else:
-                batches.append([unit])
-                size = tokens
-        return batches
+        return _pack(units, lambda u: u.item.text, self.settings.batch_max_messages, self.settings.batch_token_budget)
 
     async def _resolve(
         self, user_id: str, units: list[_Unit], found: list[ItemFacts], vectors: dict[str, list[float]]
@@ -233,13 +225,15 @@ class MemorizeService:
         if self.settings.invalidation_candidates == 0 or not facts:
             return {}, {}, 0
         same_as: dict[int, dict[int, str]] = {}
-        for unit_n, fact_n, fact in facts:
+        near: list[list[str]] = []
+        for _, _, fact in facts:
             text = thesis_text(fact)
             new_id = ids.thesis_id(user_id, text)
             hits = await self.store.search(user_id, [VertexKind.THESIS.value], vectors[text], None, k=3)
-            near = [h.id for h in hits if h.score >= self.settings.duplicate_min_similarity and h.id != new_id]
-            known = await self.store.get_vertices(user_id, near) if near else {}
-            for hit in near:
+            near.append([h.id for h in hits if h.score >= self.settings.duplicate_min_similarity and h.id != new_id])
+        known = await self.store.get_vertices(user_id, sorted({i for found_ids in near for i in found_ids}))
+        for (unit_n, fact_n, fact), found_ids in zip(facts, near, strict=True):
+            for hit in found_ids:
                 old = known.get(hit)
                 if old is not None and old.t_invalid is None and old.props.get("subject") == fact.subject:
                     same_as.setdefault(unit_n, {})[fact_n] = old.id
