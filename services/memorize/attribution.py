@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from services.memorize.chunking import sentences
+
 if TYPE_CHECKING:
     from services.memorize.extraction import ExtractionInput, Item
 
@@ -19,7 +21,6 @@ _FIRST = {"i", "me", "my", "mine", "myself", "speaker", "the speaker"}
 _SECOND = {"you", "your", "yours", "yourself", "listener"}
 _NOTHING = {"", "unknown", "none", "n/a", "na", "null", "nothing", "something", "someone", "it", "this", "that"}
 _WORD = re.compile(r"[a-z0-9]+")
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
 # words that carry no content: a fact must share something beyond these (and names) with its message
 _STOP = frozenset(
     re.findall(
@@ -139,7 +140,7 @@ def check_fact(
         return "speech_act"  # "Anna thanks Ben", "Ben asked Anna about ...": the conversation, not a memory
     if grounding(text, subject, item.text, speakers) < MIN_GROUNDING:
         return "ungrounded"
-    statements = " ".join(s for s in _SENTENCE.split(item.text) if not s.rstrip().endswith("?"))
+    statements = " ".join(s for s in sentences(item.text) if not s.rstrip().endswith("?"))
     if grounding(text, subject, statements, speakers) < MIN_GROUNDING:
         return "from_question"  # "Didn't you work at Siemens?" asks; the answer, if any, is the fact
     return subject, text, obj
@@ -147,8 +148,7 @@ def check_fact(
 
 def _source_sentence(fact: str, subject: str, message: str, speakers: Speakers) -> str:
     """The sentence of ``message`` that says most of ``fact``."""
-    sentences = _SENTENCE.split(message)
-    return max(sentences, key=lambda sentence: grounding(fact, subject, sentence, speakers))
+    return max(sentences(message), key=lambda sentence: grounding(fact, subject, sentence, speakers))
 
 
 def _mentions(sentence: str, name: str) -> bool:

@@ -7,6 +7,11 @@ import re
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
+def sentences(text: str) -> list[str]:
+    """``text`` split after each ".", "!" or "?" that ends a sentence."""
+    return _SENTENCE.split(text)
+
+
 def chunk_text(text: str, max_chars: int) -> list[str]:
     pieces: list[str] = []
     for paragraph in re.split(r"\n\s*\n", text):
@@ -16,7 +21,7 @@ def chunk_text(text: str, max_chars: int) -> list[str]:
         if len(paragraph) <= max_chars:
             pieces.append(paragraph)
             continue
-        for sentence in _SENTENCE.split(paragraph):
+        for sentence in sentences(paragraph):
             while len(sentence) > max_chars:  # a sentence longer than a chunk: hard split
                 pieces.append(sentence[:max_chars])
                 sentence = sentence[max_chars:]

@@ -16,6 +16,8 @@ from typing import Any
 
 import dateparser
 
+from services.memorize.chunking import sentences
+
 _NUMBERS = {
     "a": 1,
     "an": 1,
@@ -57,7 +59,6 @@ _IN_TEXT = re.compile(
     r")\b",
     re.IGNORECASE,
 )
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _CLAUSE = re.compile(r"[,;:]\s+|\s+-\s+")
 _FUTURE = re.compile(
     r"\b(will|'ll|going to|gonna|plan|planning|hope to|want to|next|upcoming|soon|training for)\b", re.I
@@ -69,7 +70,7 @@ def time_words(text: str) -> list[tuple[str, str]]:
     marathon in September" dates the training, not Munich), or its whole sentence when the clause is only an
     opening ("Last week, I won my first tournament")."""
     found: list[tuple[str, str]] = []
-    for sentence in _SENTENCE.split(text):
+    for sentence in sentences(text):
         for clause in _CLAUSE.split(sentence):
             for match in _IN_TEXT.finditer(clause):
                 rest = clause[: match.start()] + clause[match.end() :]
