@@ -359,10 +359,11 @@ function start() {
   $("#user").value = params.get("user") || "";
   $("#question").value = params.get("q") || "";
   $("#ask-form").addEventListener("submit", ask);
+  // Ready only once the stage list is drawn: a question asked earlier would have no stages to light up.
   loadStages().then(() => {
+    window.memstreamReady = true;
     if (params.get("query") && params.get("user")) follow(params.get("query"), params.get("user"));
   });
-  window.memstreamReady = true;
 }
 
 start();
