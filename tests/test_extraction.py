@@ -250,5 +250,61 @@ def test_a_greeting_by_name_does_not_make_a_first_person_fact_the_other_s() -> N
     }
     _, lost, reply = ExtractTask().parse(json.dumps(out), ExtractionInput(items=items))
     assert [(f.subject, f.text) for f in lost.facts] == [("Jon", "Jon lost her job as a banker.")]
-    assert [(f.subject, f.text) for f in reply.facts] == [("Jon", "Jon is great at dancing.")]  # "you" is Jon
-    assert sorted(reply.dropped) == ["speech_act", "subject_pronoun"]
+    # "you" is Jon, and "you're great at dancing" is Gina praising him: a pleasantry, not a memory
+    assert reply.facts == []
+    assert sorted(reply.dropped) == ["compliment", "speech_act", "subject_pronoun"]
+
+
+def test_praise_of_the_person_spoken_to_is_dropped_but_own_feelings_are_kept() -> None:
+    items = [
+        Item("Melanie", "You'd be a great counselor! Your empathy will really help people.", T),
+        Item("Caroline", "Thanks, Melanie! I'm proud of my painting, it took me a year.", T),
+    ]
+    out = {
+        "messages": [
+            {
+                "m": 1,
+                "facts": [
+                    fact("Melanie", "Melanie thinks Caroline is a great counselor.", "thinks", "counselor"),
+                    fact("Caroline", "Caroline would be a great counselor.", "would be", "counselor"),
+                    fact("Melanie", "Melanie is impressed by Caroline's empathy.", "impressed by", "empathy"),
+                ],
+            },
+            {
+                "m": 2,
+                "facts": [
+                    fact("Caroline", "Caroline is grateful for Melanie's compliment.", "grateful for", "compliment"),
+                    fact("Caroline", "Caroline is proud of her painting.", "proud of", "painting"),
+                ],
+            },
+        ]
+    }
+    praise, own = ExtractTask().parse(json.dumps(out), ExtractionInput(items=items))
+    assert praise.facts == [] and sorted(praise.dropped) == ["compliment", "compliment", "speech_act"]
+    assert [f.text for f in own.facts] == ["Caroline is proud of her painting."]
+    assert own.dropped == ["speech_act"]
+
+
+def test_praise_given_to_the_speaker_by_mistake_is_dropped_and_me_time_stays_a_word() -> None:
+    items = [
+        Item("Melanie", "No doubts, Caroline. You have such a caring heart!", T),
+        Item("Melanie", "So I'm carving out some me-time each day, and I love my caring team.", T),
+    ]
+    out = {
+        "messages": [
+            {"m": 1, "facts": [fact("Melanie", "Melanie has such a caring heart.", "has", "caring heart")]},
+            {
+                "m": 2,
+                "facts": [
+                    fact("Melanie", "Melanie carves out some me-time each day.", "carves out", "me-time"),
+                    fact("Melanie", "Melanie loves her caring team.", "loves", "team"),
+                ],
+            },
+        ]
+    }
+    slip, own = ExtractTask().parse(json.dumps(out), ExtractionInput(items=items, participants=("Caroline",)))
+    assert slip.facts == [] and slip.dropped == ["compliment"]
+    assert [f.text for f in own.facts] == [
+        "Melanie carves out some me-time each day.",
+        "Melanie loves her caring team.",
+    ]

@@ -66,7 +66,8 @@ async def test_gold_as_memory_scores_perfectly(turns, embedder) -> None:  # type
     summary = result.summary()
     assert summary["gold_facts"] > 5
     assert summary["fact_recall"] == summary["precision"] == summary["attribution"] == 1.0
-    assert summary["date_accuracy"] == 1.0 and summary["junk_entity_rate"] == 0.0
+    assert summary["date_accuracy"] == summary["date_accuracy_of_matched"] == 1.0
+    assert summary["junk_entity_rate"] == 0.0
 
 
 async def test_mistakes_cost_their_own_metric(turns, embedder) -> None:  # type: ignore[no-untyped-def]
@@ -78,6 +79,7 @@ async def test_mistakes_cost_their_own_metric(turns, embedder) -> None:  # type:
     result = await score(turns, as_memory(turns, wrong_speaker_no_dates), embedder)
     summary = result.summary()
     assert summary["fact_recall"] == 1.0 and summary["attribution"] == 0.0 and summary["date_accuracy"] == 0.0
+    assert summary["date_accuracy_of_matched"] == 0.0 and summary["dated_matched"] == summary["dated_gold_facts"]
 
     junk = as_memory(turns)
     junk[0].vertices.append(

@@ -3,6 +3,7 @@
   python -m benchmarks.extraction.run                          # the whole set, default local model and design
   python -m benchmarks.extraction.run --per-sample 16 --batch 4 --no-example --no-resolve   # a variant, on the subset
   python -m benchmarks.extraction.run --llm ollama --model qwen2.5:7b-instruct
+  python -m benchmarks.extraction.run --cache C --cache-only   # re-score what C holds: code checks changed, no model
 
 Each conversation is memorized as its own user, its turns handed to memorize ``--batch`` at a time (as a worker
 takes them). Prints per-variant scores (see ``score.py``) and cost per message; ``--out`` writes the JSON with
@@ -31,8 +32,19 @@ from services.domain import ApplyResult, ChangeSet
 from services.llm.factory import build_embedder, build_llm
 from services.memorize.extraction import ExtractTask
 from services.memorize.service import MemorizeService
-from services.ports import VectorItem
+from services.ports import LLM, LLMRequest, LLMResponse, VectorItem
 from services.settings import Settings
+
+
+class CacheOnly(LLM):
+    """An LLM that is never reached: with ``--cache-only`` only cached outputs run through memorize, so changes to
+    the code that checks them are measured in seconds. Uncached batches fail as unavailable and are not scored."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        raise ConnectionError("not in the cache (--cache-only)")
 
 
 class RecordingStore(SqliteMemoryStore):
@@ -61,16 +73,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.model:
         overrides["llm_model"] = args.model
+    if args.cache_only:
+        overrides["llm_retries"] = 0
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(data_dir=Path(args.data_dir or tmp), **overrides)
         embedder = build_embedder(settings)
         store = RecordingStore(Path(tmp) / "memory.sqlite3", embedder.dim)
         cache = SqliteMemoryStore(Path(args.cache), dim=embedder.dim) if args.cache else None
-        llm = build_llm(settings, cache=cache)
+        inner = CacheOnly(settings.llm_model) if args.cache_only else None
+        llm = build_llm(settings, cache=cache, inner=inner)
         service = MemorizeService(store, llm, embedder, settings, extract_task=ExtractTask(example=not args.no_example))
         ingest = datetime.now(UTC)
         started = time.perf_counter()
         dead = 0
+        failed: set[str] = set()
         by_sample: dict[str, list[Turn]] = {}
         for turn in turns:
             by_sample.setdefault(turn.sample_id, []).append(turn)
@@ -80,15 +96,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 chunk = sample_turns[start : start + args.batch]
                 outcome = await service.memorize([t.message(user, ingest) for t in chunk])
                 dead += len(outcome.dead_letters)
+                failed.update(i for letter in outcome.dead_letters for i in letter.failed_event_ids)
                 if args.verbose:
                     print(f"{sample} {start + len(chunk)}/{len(sample_turns)} dead={dead}", flush=True)
         seconds = time.perf_counter() - started
         usage = {task: vars(u) for task, u in llm.by_task.items()}
         judge = llm
-        if args.judge_model and args.judge_model != llm.model:
+        no_judge = args.no_judge or args.cache_only
+        if not no_judge and args.judge_model and args.judge_model != llm.model:
             # one judge for every model compared, so their scores differ by what they extracted, not who judged
             judge = build_llm(settings.model_copy(update={"llm_model": args.judge_model}), cache=cache)
-        result = await score(turns, store.applied, embedder, judge=None if args.no_judge else judge)
+        if args.cache_only:
+            turns = [t for t in turns if t.event_id not in failed]  # only what was extracted is scored
+        result = await score(turns, store.applied, embedder, judge=None if no_judge else judge)
         messages = len(turns)
         extract = llm.by_task.get("extract")
         summary = {
@@ -98,7 +118,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "resolve": not args.no_resolve,
                 "llm": args.llm,
                 "model": llm.model,
-                "judge": None if args.no_judge else args.judge_model,
+                "judge": None if no_judge else args.judge_model,
+                "cache_only": args.cache_only,
             },
             "messages": messages,
             **result.summary(),
@@ -162,6 +183,7 @@ def main() -> None:
     parser.add_argument("--model", help="MEMSTREAM_LLM_MODEL for this run")
     parser.add_argument("--data-dir", help="where local model files are assembled (default: a temp folder)")
     parser.add_argument("--cache", help="sqlite file for an LLM cache (reruns cost nothing; costs then undercount)")
+    parser.add_argument("--cache-only", action="store_true", help="never call the model: score the cached batches")
     parser.add_argument("--tag", default="bench", help="user id prefix")
     parser.add_argument("--out", help="write the full JSON here")
     parser.add_argument("--verbose", action="store_true")

@@ -82,6 +82,7 @@ class Scores:
     attributed: int = 0
     dated_gold: int = 0
     dated_right: int = 0
+    dated_recalled: int = 0  # dated gold facts that some thesis matched: the date is judged only where the fact is
     objects: int = 0
     junk_objects: int = 0
     judge_calls: int = 0
@@ -104,6 +105,8 @@ class Scores:
             "attribution": share(self.attributed, self.recalled),
             "date_accuracy": share(self.dated_right, self.dated_gold),
             "dated_gold_facts": self.dated_gold,
+            "date_accuracy_of_matched": share(self.dated_right, self.dated_recalled),
+            "dated_matched": self.dated_recalled,
             "junk_entity_rate": share(self.junk_objects, self.objects),
             "objects": self.objects,
             "judge_calls": self.judge_calls,
@@ -214,6 +217,7 @@ async def score(
         precise.add(hit)
         result.recalled += 1
         result.attributed += int(_same_subject(fact.subject, extracted[hit].vertex))
+        result.dated_recalled += int(fact.start is not None)
         result.dated_right += int(_date_right(fact, extracted[hit].vertex))
     for e in range(len(extracted)):
         if e in precise:

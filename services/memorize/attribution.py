@@ -45,7 +45,7 @@ _FIRST_FORMS = [
     (re.compile(r"\b[Mm]yself\b"), "{name}"),
     (re.compile(r"\b[Mm]y\b"), "{name}'s"),
     (re.compile(r"\b[Mm]ine\b"), "{name}'s"),
-    (re.compile(r"\bme\b"), "{name}"),
+    (re.compile(r"\bme\b(?!-)"), "{name}"),  # not "me-time"
 ]
 _SECOND_FORMS = [
     (re.compile(r"\b[Yy]ou're\b|\b[Yy]ou are\b"), "{name} is"),
@@ -59,9 +59,18 @@ _SECOND_FORMS = [
 _OTHER_PRONOUNS = {"it", "they", "he", "she", "we", "them", "this", "that", "someone", "people", "everyone"}
 _GREETING = re.compile(r"\b(hey|hi|hello|wow|oh|thanks|thank you|congrats|yeah|yes|no|aw+)\s*$", re.IGNORECASE)
 _SPEECH_ACT = re.compile(
-    r"^\S+(?: \S+)? (?:thanks?|thanked|congratulat\w*|compliment\w*|asks?|asked|greet\w*|apologi\w*|wish\w*)\b",
+    r"^\S+(?: \S+)? (?:thanks?|thanked|congratulat\w*|compliment\w*|asks?|asked|greet\w*|apologi\w*|wish\w*|"
+    r"grateful|thankful|appreciat\w*|encourag\w*|prais\w*|admir\w*|impressed|proud)\b",
     re.IGNORECASE,
 )
+# Praise of the person spoken to ("You'd be a great counselor!", "you're so brave"): the speaker's reaction in the
+# conversation, not something about either person's life to remember.
+_PRAISE = re.compile(
+    r"\b(?:great|amazing|awesome|wonderful|lovely|kind|brave|strong|proud|lucky|inspir\w*|impress\w*|talented|"
+    r"caring|incredible|fantastic|sweet|cool|beautiful|courag\w*|admir\w*|good job|awesome job)\b",
+    re.IGNORECASE,
+)
+_FIRST_IN_TEXT = re.compile(r"\b(i|me|my|mine|myself|i'm|i've|i'll|i'd)\b", re.IGNORECASE)
 _SECOND_IN_TEXT = re.compile(r"\b(you|your|yours|yourself|you're|you've|you'll)\b", re.IGNORECASE)
 
 
@@ -138,12 +147,24 @@ def check_fact(
         obj = ""  # an object the message does not name would be a hallucinated entity
     if _SPEECH_ACT.match(text) and any(n != subject and n in text for n in speakers.names):
         return "speech_act"  # "Anna thanks Ben", "Ben asked Anna about ...": the conversation, not a memory
+    if addressee and _is_praise(text, subject, addressee, item.text, speakers):
+        return "compliment"
     if grounding(text, subject, item.text, speakers) < MIN_GROUNDING:
         return "ungrounded"
     statements = " ".join(s for s in sentences(item.text) if not s.rstrip().endswith("?"))
     if grounding(text, subject, statements, speakers) < MIN_GROUNDING:
         return "from_question"  # "Didn't you work at Siemens?" asks; the answer, if any, is the fact
     return subject, text, obj
+
+
+def _is_praise(fact: str, subject: str, addressee: str, message: str, speakers: Speakers) -> bool:
+    """Whether ``fact`` is the speaker praising the person spoken to: its words are praise, it comes from a
+    sentence that says "you", and it is about them, names them, or (the model's slip) gives the speaker the
+    praise of a sentence that says nothing of the speaker ("You have such a caring heart")."""
+    sentence = _source_sentence(fact, subject, message, speakers)
+    if _SECOND_IN_TEXT.search(sentence) is None or _PRAISE.search(fact) is None:
+        return False
+    return subject == addressee or addressee in fact or _FIRST_IN_TEXT.search(sentence) is None
 
 
 def _source_sentence(fact: str, subject: str, message: str, speakers: Speakers) -> str:
