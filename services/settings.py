@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     llm_model: str = "qwen2.5-coder-1.5b-instruct-q4_k_m"
     llm_model_path: Path | None = Field(default=None, description="GGUF file for the local LLM")
     llm_context: int = 8192
-    llm_threads: int | None = None
+    llm_threads: int | None = Field(default=None, ge=1, description="local model threads (unset: half the cores)")
     llm_stall_timeout_s: float = Field(
         default=300.0, gt=0, description="a call that produced no token for this long is retried, then fails"
     )

