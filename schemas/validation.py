@@ -41,11 +41,13 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class MalformedJSON(ValueError):
-    """Input that is not JSON memstream accepts; the message says why, for the client or the dead letter."""
+    """Input that is not JSON memstream accepts; the message says why, for the client or the dead letter.
+    ``parsed``: what was parsed anyway, when the JSON parsed (a dead letter can still name the user)."""
 
-    def __init__(self, message: str, status: int = 422) -> None:
+    def __init__(self, message: str, status: int = 422, parsed: Any = None) -> None:
         super().__init__(message)
         self.status = status
+        self.parsed = parsed
 
 
 def parse_json(raw: bytes, max_bytes: int, what: str = "the body") -> Any:
@@ -62,7 +64,8 @@ def parse_json(raw: bytes, max_bytes: int, what: str = "the body") -> Any:
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, an integer of more than 4,300 digits
         raise MalformedJSON(f"{what} is not valid JSON: {exc}") from exc
     if (where := _surrogate(data, "")) is not None:
-        raise MalformedJSON(f"{what} has a lone UTF-16 surrogate escape (not a character) at {where or '<root>'}")
+        where = where or "<root>"
+        raise MalformedJSON(f"{what} has a lone UTF-16 surrogate escape (not a character) at {where}", parsed=data)
     return data
 
 

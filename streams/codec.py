@@ -54,9 +54,8 @@ def decode(raw: bytes | None, model: type[M]) -> M:
     try:
         data = parse_json(raw, MAX_RECORD_BYTES, "the record")
     except MalformedJSON as exc:
-        raise InvalidEvent(str(exc)) from exc
-    user_id = _id_field(data, "user_id", _USER_ID)
-    event_id = _id_field(data, "event_id", _EVENT_ID)
+        raise InvalidEvent(str(exc), *_ids(exc.parsed)) from exc
+    user_id, event_id = _ids(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -77,6 +76,10 @@ def decode_keyed(key: bytes | None, raw: bytes | None, model: type[E]) -> E:
             KEY_MISMATCH,
         )
     return event
+
+
+def _ids(data: object) -> tuple[str | None, str | None]:
+    return _id_field(data, "user_id", _USER_ID), _id_field(data, "event_id", _EVENT_ID)
 
 
 def _id_field(data: object, name: str, kind: TypeAdapter[str]) -> str | None:
