@@ -2,7 +2,8 @@
 
 Every event carries a schema version, an idempotency key (``event_id``), the tenant (``user_id``), the time the
 thing happened (``event_time``) and the time memstream received it (``ingest_time``). Events are validated where
-they enter (gateway, CLI, topic deserialisation); anything that fails goes to the dead-letter topic with a reason.
+they enter (gateway, CLI, topic deserialisation), held to the limits of ``schemas.validation``; anything that fails
+goes to the dead-letter topic with a reason.
 """
 
 from __future__ import annotations

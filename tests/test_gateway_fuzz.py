@@ -18,7 +18,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_poison import FAR_FUTURE, JSON_VALUES
+from test_poison import FAR_FUTURE, JSON_VALUES, deep
 
 from memstream.broker import EmbeddedBroker, free_port
 from schemas.validation import MAX_JSON_DEPTH
@@ -98,8 +98,7 @@ def bodies(draw: st.DrawFn, path: str) -> tuple[bytes, bool]:
     if kind == "json":
         return json.dumps(draw(JSON_VALUES)).encode(), False
     if kind == "deep":
-        levels = draw(st.integers(MAX_JSON_DEPTH + 1, 100_000))
-        return b"[" * levels + b"]" * levels, False
+        return deep(draw(st.integers(MAX_JSON_DEPTH + 1, 100_000))), False
     if kind == "huge":
         return b'{"text": "' + b"a" * BODY_LIMIT + b'"}', False
     item = dict(VALID[path])
@@ -198,13 +197,9 @@ def server(broker: EmbeddedBroker, gateway_settings: Settings) -> Iterator[str]:
         thread.join(timeout=15)
 
 
-def deep_json(levels: int) -> bytes:
-    return b"[" * levels + b"]" * levels
-
-
 KEEP_ALIVE_CASES: list[tuple[str, bytes, str | None, int]] = [
-    ("/v1/messages", deep_json(5_000), "application/json", 422),
-    ("/v1/messages", deep_json(100_000), "application/json", 422),
+    ("/v1/messages", deep(5_000), "application/json", 422),
+    ("/v1/messages", deep(100_000), "application/json", 422),
     ("/v1/messages", json.dumps(VALID["/v1/messages"] | {"text": "\ud800"}).encode(), "application/json", 422),
     ("/v1/messages", json.dumps(VALID["/v1/messages"] | {"speaker": "\ud800"}).encode(), "application/json", 422),
     ("/v1/messages", json.dumps(VALID["/v1/messages"] | {"user_id": "\ud800"}).encode(), "application/json", 422),
@@ -213,7 +208,7 @@ KEEP_ALIVE_CASES: list[tuple[str, bytes, str | None, int]] = [
     ("/v1/documents", "{}".encode("utf-16"), "application/json", 422),
     ("/v1/questions", b'{"user_id": "fuzz", "question": "?"}', "text/plain", 415),
     ("/v1/questions", b'{"user_id": "fuzz", "question": "?"}', "application/json; charset=latin-1", 415),
-    ("/v1/dead-letters/replay", deep_json(10_000), "application/json", 422),
+    ("/v1/dead-letters/replay", deep(10_000), "application/json", 422),
     ("/v1/messages", json.dumps(VALID["/v1/messages"]).encode(), "application/json", 202),
 ]
 
