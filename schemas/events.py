@@ -2,7 +2,8 @@
 
 Every event carries a schema version, an idempotency key (``event_id``), the tenant (``user_id``), the time the
 thing happened (``event_time``) and the time memstream received it (``ingest_time``). Events are validated where
-they enter (gateway, CLI, topic deserialisation); anything that fails goes to the dead-letter topic with a reason.
+they enter (gateway, CLI, topic deserialisation), held to the limits of ``schemas.validation``; anything that fails
+goes to the dead-letter topic with a reason.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+from schemas.validation import Timestamp, valid_name, valid_text
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -19,7 +22,13 @@ Identifier = Annotated[
     str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]*$")
 ]
 UserId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$")]
-Text = Annotated[str, StringConstraints(min_length=1, max_length=200_000)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=200_000), AfterValidator(valid_text)]
+ChatText = Annotated[str, StringConstraints(min_length=1, max_length=20_000), AfterValidator(valid_text)]
+Question = Annotated[str, StringConstraints(min_length=1, max_length=4_000), AfterValidator(valid_text)]
+Speaker = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(valid_name)]
+Title = Annotated[str, StringConstraints(max_length=1_000), AfterValidator(valid_name)]
+Platform = Annotated[str, StringConstraints(max_length=64), AfterValidator(valid_name)]
+Label = Annotated[str, StringConstraints(max_length=200), AfterValidator(valid_name)]
 
 
 def utcnow() -> datetime:
@@ -32,22 +41,22 @@ class Event(BaseModel):
     schema_version: Literal[1] = SCHEMA_VERSION
     event_id: Identifier = Field(description="Idempotency key: replaying an event with the same id changes nothing.")
     user_id: UserId = Field(description="Tenant: every read and write is scoped to it.")
-    event_time: AwareDatetime = Field(description="When it was said or written (the world's clock).")
-    ingest_time: AwareDatetime = Field(default_factory=utcnow, description="When memstream received it.")
+    event_time: Timestamp = Field(description="When it was said or written (the world's clock).")
+    ingest_time: Timestamp = Field(default_factory=utcnow, description="When memstream received it.")
 
 
 class ChatMessage(Event):
     kind: Literal["chat_message"] = "chat_message"
     conversation_id: Identifier = "default"
-    speaker: Annotated[str, StringConstraints(min_length=1, max_length=200)]
-    text: Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
-    platform: str | None = Field(default=None, max_length=64)
+    speaker: Speaker
+    text: ChatText
+    platform: Platform | None = None
 
 
 class Document(Event):
     kind: Literal["document"] = "document"
     document_id: Identifier
-    title: str | None = Field(default=None, max_length=1_000)
+    title: Title | None = None
     text: Text
 
 
@@ -62,7 +71,7 @@ class MemoryUpdate(Event):
     theses_added: int = 0
     theses_invalidated: int = 0
     llm_calls: int = 0
-    committed_at: AwareDatetime = Field(default_factory=utcnow)
+    committed_at: Timestamp = Field(default_factory=utcnow)
 
 
 class QueryOptions(BaseModel):
@@ -70,7 +79,7 @@ class QueryOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    retriever: str | None = None
+    retriever: Label | None = None
     plan_enhancement: bool | None = None
     decomposition: bool | None = None
     max_clue_queries: int | None = Field(default=None, ge=1, le=8)
@@ -80,8 +89,8 @@ class QueryOptions(BaseModel):
 
 class Query(Event):
     kind: Literal["query"] = "query"
-    question: Annotated[str, StringConstraints(min_length=1, max_length=4_000)]
-    as_of: AwareDatetime | None = Field(default=None, description="Answer with what was valid at this time.")
+    question: Question
+    as_of: Timestamp | None = Field(default=None, description="Answer with what was valid at this time.")
     options: QueryOptions = QueryOptions()
 
     @property
@@ -105,7 +114,7 @@ class StageEvent(Event):
     sub_question_id: str | None = None
     step_id: str | None = None
     clue_query_id: str | None = None
-    started_at: AwareDatetime
+    started_at: Timestamp
     duration_ms: float = Field(ge=0)
     llm_calls: int = 0
     tokens_in: int = 0
@@ -177,10 +186,11 @@ class DeadLetter(BaseModel):
     source_topic: str
     reason: str = Field(description="Machine-readable: invalid_event, extraction_failed, store_failed, ...")
     error: str
-    payload: str = Field(description="The original bytes, decoded as UTF-8 with replacement.")
+    payload: str = Field(description="The original bytes, decoded as UTF-8 with replacement, cut if huge.")
+    payload_bytes: int | None = Field(default=None, description="Size of the original bytes; more: payload cut.")
     failed_event_ids: list[str] = Field(default_factory=list)
     attempts: int = 1
-    ingest_time: AwareDatetime = Field(default_factory=utcnow)
+    ingest_time: Timestamp = Field(default_factory=utcnow)
 
 
 CONTRACTS: dict[str, type[BaseModel]] = {

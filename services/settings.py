@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.validation import DEFAULT_MAX_BODY_BYTES
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MEMSTREAM_", env_file=".env", extra="ignore")
@@ -70,6 +72,9 @@ class Settings(BaseSettings):
     # Gateway
     host: str = "127.0.0.1"
     port: int = 8420
+    max_body_bytes: int = Field(
+        default=DEFAULT_MAX_BODY_BYTES, ge=1024, description="larger request bodies get 413 before they are read"
+    )
     worker_web_port: int = 6066
 
     # QA

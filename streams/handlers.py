@@ -9,20 +9,32 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
-from schemas.events import Answer, AnswerStatus, ChatMessage, DeadLetter, Document, MemoryUpdate, Query, StageEvent
+from schemas.events import (
+    Answer,
+    AnswerStatus,
+    ChatMessage,
+    DeadLetter,
+    Document,
+    Event,
+    MemoryUpdate,
+    Query,
+    StageEvent,
+)
 from services import metrics
+from services.llm.layers import TRANSIENT_ERRORS
 from services.logging import get_logger
 from services.observability.context import bind, log_context
-from streams.codec import INVALID_EVENT, PROCESSING_FAILED, InvalidEvent, dead_letter, decode, encode, user_key
+from streams.codec import INVALID_EVENT, PROCESSING_FAILED, InvalidEvent, dead_letter, decode_keyed, encode, user_key
 from streams.topics import TopicNames
 
 log = get_logger(__name__)
 
 MemoryEvent = ChatMessage | Document
+E = TypeVar("E", bound=Event)
 
 
 @dataclass(frozen=True)
@@ -82,15 +94,25 @@ async def send_dead_letter(publisher: Publisher, topics: TopicNames, letter: Dea
     await publish_reliably(publisher, topics.dead_letters, user_key(letter.user_id), encode(letter))
 
 
-def _invalid(record: Record, exc: InvalidEvent) -> DeadLetter:
-    return dead_letter(
-        source_topic=record.topic,
-        reason=INVALID_EVENT,
-        error=str(exc),
-        raw=record.value,
-        user_id=exc.user_id,
-        failed_event_ids=[exc.event_id] if exc.event_id else [],
-    )
+async def decoded(publisher: Publisher, topics: TopicNames, record: Record, model: type[E]) -> E | None:
+    """The record's event, or None once it went to the dead letters: records are decoded one at a time, before
+    any batching, so a bad one never takes a neighbour with it."""
+    try:
+        return decode_keyed(record.key, record.value, model)
+    except InvalidEvent as exc:
+        letter = dead_letter(
+            source_topic=record.topic,
+            reason=exc.reason,
+            error=str(exc),
+            raw=record.value,
+            user_id=exc.user_id,
+            failed_event_ids=[exc.event_id] if exc.event_id else [],
+        )
+    except Exception as exc:  # decode raises only InvalidEvent; were that wrong, the agent must still not die
+        log.exception("decode_failed", topic=record.topic)
+        letter = dead_letter(source_topic=record.topic, reason=INVALID_EVENT, error=repr(exc), raw=record.value)
+    await send_dead_letter(publisher, topics, letter)
+    return None
 
 
 class MemorizeHandler:
@@ -111,10 +133,8 @@ class MemorizeHandler:
             model = self.models.get(record.topic)
             if model is None:
                 continue
-            try:
-                event = decode(record.value, model)
-            except InvalidEvent as exc:
-                await send_dead_letter(self.publisher, self.topics, _invalid(record, exc))
+            event = await decoded(self.publisher, self.topics, record, model)
+            if event is None:
                 continue
             by_topic.setdefault(record.topic, []).append((event, record))
         for topic, items in by_topic.items():
@@ -130,6 +150,13 @@ class MemorizeHandler:
         try:
             outcome = await self.memorizer.memorize([event for event, _ in items], topic)
         except Exception as exc:
+            if len(items) > 1 and not isinstance(exc, TRANSIENT_ERRORS):
+                # maybe one event's data broke it: halves until the culprit is alone, its neighbours memorized
+                log.warning("memorize_failed_splitting", topic=topic, events=len(items), error=repr(exc))
+                half = len(items) // 2
+                await self._memorize(topic, items[:half])
+                await self._memorize(topic, items[half:])
+                return
             log.exception("memorize_failed", topic=topic, events=len(items))
             for event, record in items:
                 letter = dead_letter(
@@ -158,10 +185,8 @@ class QAHandler:
         self.topics = topics
 
     async def handle(self, record: Record) -> None:
-        try:
-            query = decode(record.value, Query)
-        except InvalidEvent as exc:
-            await send_dead_letter(self.publisher, self.topics, _invalid(record, exc))
+        query = await decoded(self.publisher, self.topics, record, Query)
+        if query is None:
             return
         with log_context(query_id=query.query_id, user_id=query.user_id, event_id=query.event_id):
             await self._answer(query, record)

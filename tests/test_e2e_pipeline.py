@@ -253,3 +253,57 @@ def wait_committed(stack: Stack, topic: str, last: tuple[int, int], timeout_s: f
             await admin.close()
 
     asyncio.run(wait())
+
+
+def test_poison_records_are_dead_lettered_alone_and_offsets_pass_them(stack: Stack, topics: TopicNames) -> None:
+    """The measured poison of issue 9 among good messages of one user, straight onto the chat topic: a 100,000-deep
+    JSON record (it crashed the agent), a far-future event_time (it failed its whole batch's store write) and an
+    event under another user's key. The good ones are memorized, each bad one is its own dead letter, and the
+    group's committed offsets pass them all."""
+
+    def good(n: int) -> ChatMessage:
+        return ChatMessage(
+            event_id=f"dana-{n}", user_id="dana", event_time=datetime.now(UTC), speaker="Dana", text=f"I own {n} cats."
+        )
+
+    far_future = json.loads(encode(good(90))) | {"event_id": "dana-future", "event_time": "9999-12-31T23:59:59-14:00"}
+    poison = {
+        "deep": (b"dana", b"[" * 100_000 + b"]" * 100_000),
+        "future": (b"dana", json.dumps(far_future).encode()),
+        "wrong_key": (b"erin", encode(good(91))),  # dana's event under erin's key
+    }
+    sent = [(b"dana", encode(good(1))), poison["deep"], (b"dana", encode(good(2))), poison["future"]]
+    sent += [(b"dana", encode(good(3))), poison["wrong_key"], (b"dana", encode(good(4)))]
+
+    async def publish() -> dict[int, int]:
+        producer = AIOKafkaProducer(bootstrap_servers=stack.bootstrap, acks="all")
+        await producer.start()
+        last: dict[int, int] = {}
+        try:
+            for key, value in sent:
+                meta = await producer.send_and_wait(topics.chat, value, key=key)
+                last[meta.partition] = max(meta.offset, last.get(meta.partition, -1))
+        finally:
+            await producer.stop()
+        return last
+
+    last = asyncio.run(publish())
+    assert memory_updates_for(stack, topics, {f"dana-{n}" for n in range(1, 5)})  # every good neighbour memorized
+
+    def letters_of(values: list[bytes]) -> dict[str, DeadLetter]:
+        letters = [DeadLetter.model_validate_json(v) for v in values]
+        found = {"deep": [d for d in letters if d.payload_bytes == len(poison["deep"][1])]}
+        found["future"] = [d for d in letters if d.failed_event_ids == ["dana-future"]]
+        found["wrong_key"] = [d for d in letters if d.failed_event_ids == ["dana-91"]]
+        return {name: hits[0] for name, hits in found.items() if hits}
+
+    letters = letters_of(records(stack, topics.dead_letters, lambda v: len(letters_of(v)) == 3))
+    assert letters["deep"].reason == "invalid_event" and "levels deep" in letters["deep"].error
+    assert letters["future"].reason == "invalid_event" and "event_time" in letters["future"].error
+    assert letters["wrong_key"].reason == "key_mismatch" and letters["wrong_key"].user_id == "dana"
+    # no good message was dead-lettered along with them
+    everything = records(stack, topics.dead_letters, bool, drain=True)
+    dead = {e for v in everything for e in DeadLetter.model_validate_json(v).failed_event_ids}
+    assert not dead & {f"dana-{n}" for n in range(1, 5)}
+    for partition, offset in last.items():  # no stuck lag: the group committed past every record sent
+        wait_committed(stack, topics.chat, (partition, offset))

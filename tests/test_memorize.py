@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -299,3 +300,20 @@ async def test_vertices_in_the_graph_without_vectors_get_indexed(store, embedder
     llm.queue("extract", reply(fact("Anna lives in Paris.", relation="lives in", obj="Paris")))
     await service(store, llm, embedder).memorize([msg(1, "I live in Paris.")])
     assert paris in await store.get_vectors("u1", [paris])
+
+
+async def test_a_value_the_store_rejects_is_dead_lettered_alone(store, embedder, monkeypatch) -> None:
+    """A store failure caused by one event's data (the store refuses its change set) costs only that event."""
+    apply = store.apply
+
+    async def refusing(change_set: ChangeSet, vectors: list[Any]) -> Any:
+        if "m3" in change_set.event_ids:
+            raise ValueError("value out of range for the store")
+        return await apply(change_set, vectors)
+
+    monkeypatch.setattr(store, "apply", refusing)
+    events = [msg(n, f"Hello number {n} from Madrid.") for n in range(1, 6)]
+    outcome = await service(store, ScriptedLLM(dict(MEMORIZE_RULES)), embedder).memorize(events, source_topic="chat")
+    assert [(d.reason, d.failed_event_ids) for d in outcome.dead_letters] == [("store_failed", ["m3"])]
+    assert sorted(e for u in outcome.updates for e in u.source_event_ids) == ["m1", "m2", "m4", "m5"]
+    assert await store.seen_events("u1", [f"m{n}" for n in range(1, 6)]) == {"m1", "m2", "m4", "m5"}

@@ -25,6 +25,7 @@ from services.gateway import inputs
 from services.gateway.answers import AnswerBook, AnswerFeed
 from services.gateway.dead_letters import DeadLetterBook, DeadLetterFeed, dead_letter_router
 from services.gateway.graph import LazyStore
+from services.gateway.limits import BodyLimitMiddleware
 from services.gateway.observability import install as install_observability
 from services.logging import get_logger
 from services.observability.context import bind
@@ -64,7 +65,7 @@ class QueryAccepted(BaseModel):
 
 def _invalid(route: str, exc: inputs.InvalidInput) -> JSONResponse:
     GATEWAY_REJECTED.labels(route=route).inc()
-    return JSONResponse(status_code=422, content={"detail": str(exc), "errors": exc.errors})
+    return JSONResponse(status_code=exc.status, content={"detail": str(exc), "errors": exc.errors})
 
 
 def create_app(
@@ -110,6 +111,8 @@ def create_app(
     app.state.answers = book
     app.state.topics = topics
     app.state.dead_letters = dead_letters
+    app.state.max_body_bytes = settings.max_body_bytes
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
 
     async def produce(topic: str, events: Sequence[Any]) -> None:
         producer = producer_box[0]

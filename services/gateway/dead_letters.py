@@ -321,7 +321,7 @@ def dead_letter_router(book: DeadLetterBook, feed: DeadLetterFeed, topics: Topic
             body = await inputs.json_body(request)
             wanted = ReplayRequest.model_validate(body)
         except inputs.InvalidInput as exc:
-            return JSONResponse(status_code=422, content={"detail": str(exc), "errors": exc.errors})
+            return JSONResponse(status_code=exc.status, content={"detail": str(exc), "errors": exc.errors})
         except ValidationError as exc:
             invalid = inputs.invalid_input(exc, "replay request")
             return JSONResponse(status_code=422, content={"detail": str(invalid), "errors": invalid.errors})

@@ -6,6 +6,7 @@ event), ``event_time`` (now, when absent) and always ``ingest_time``; ``document
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from fastapi import Request
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from schemas.events import ChatMessage, Document, Query, UserId
+from schemas.validation import MalformedJSON, parse_json
 from services.ids import digest
 
 E = TypeVar("E", bound=BaseModel)
@@ -24,11 +26,12 @@ _USER_ID: TypeAdapter[str] = TypeAdapter(UserId)
 
 
 class InvalidInput(ValueError):
-    """A request body that does not describe valid events; ``errors`` is JSON-ready."""
+    """A request body that does not describe valid events; ``errors`` is JSON-ready, ``status`` the 4xx to answer."""
 
-    def __init__(self, message: str, errors: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, message: str, errors: list[dict[str, Any]] | None = None, status: int = 422) -> None:
         super().__init__(message)
         self.errors = errors or []
+        self.status = status
 
 
 def _items(body: Any, what: str) -> list[dict[str, Any]]:
@@ -66,10 +69,26 @@ def validate(model: type[E], item: dict[str, Any], label: str) -> E:
 
 
 async def json_body(request: Request) -> Any:
+    """The body as JSON within ``schemas.validation``'s limits (the same the workers apply to records)."""
+    check_content_type(request.headers.get("content-type"))
     try:
-        return await request.json()
-    except ValueError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
+        return parse_json(await request.body(), request.app.state.max_body_bytes, "request body")
+    except MalformedJSON as exc:
+        raise InvalidInput(str(exc), status=exc.status) from exc
+
+
+def check_content_type(value: str | None) -> None:
+    """JSON in UTF-8 (RFC 8259); a request without a content type is taken as JSON; anything else is a 415."""
+    if value is None:
+        return
+    media, _, params = value.partition(";")
+    media = media.strip().lower()
+    if media not in ("application/json", "text/json") and not re.fullmatch(r"application/[\w.+-]+\+json", media):
+        raise InvalidInput(f"send the body as JSON (content-type: application/json), not {value[:100]!r}", status=415)
+    for param in params.split(";"):
+        name, _, charset = param.partition("=")
+        if name.strip().lower() == "charset" and charset.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            raise InvalidInput(f"the body must be UTF-8 JSON, not charset {charset.strip()[:40]!r}", status=415)
 
 
 def _events(

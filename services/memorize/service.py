@@ -177,6 +177,13 @@ class MemorizeService:
         try:
             update = await self._write(change_set, events, vectors)
         except Exception as exc:  # the store is down or broken: keep the events, say why
+            if len(events) > 1 and not isinstance(exc, TRANSIENT_ERRORS):
+                # maybe one event's value the store rejects: halves, so only that one is dead-lettered
+                log.warning("store_write_failed_splitting", user_id=user_id, events=len(events), error=repr(exc))
+                half = len(events) // 2
+                await self._memorize_group(user_id, events[:half], outcome, source_topic)
+                await self._memorize_group(user_id, events[half:], outcome, source_topic)
+                return
             log.error("store_write_failed", user_id=user_id, error=repr(exc))
             self._dead_letter(outcome, events, source_topic, "store_failed", repr(exc), 3)
             return
