@@ -22,6 +22,9 @@ class Settings(BaseSettings):
     replication_factor: int = Field(default=1, ge=1)
     consumer_group: str = "memstream"
     broker_session_timeout_s: float = 8.0
+    kafka_idempotence: bool = Field(
+        default=True, description="idempotent producers; `up` turns it off for the embedded Tansu, which lacks it"
+    )
 
     # Memory store: the embedded SQLite file, or Dgraph (graph, applied events, LLM cache) + Weaviate (vectors)
     store: Literal["sqlite", "remote"] = "sqlite"
@@ -71,6 +74,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8420
     worker_web_port: int = 6066
+    outbox_check_interval_s: float = Field(
+        default=10.0, gt=0, description="how often the gateway prunes memorized events from its outbox"
+    )
 
     # QA
     qa_engine: Literal["planning", "simple"] = Field(
@@ -92,6 +98,10 @@ class Settings(BaseSettings):
     @property
     def store_path(self) -> Path:
         return self.data_dir / "memory.sqlite3"
+
+    @property
+    def outbox_path(self) -> Path:
+        return self.data_dir / "gateway" / "outbox.sqlite3"
 
 
 @lru_cache(maxsize=1)
