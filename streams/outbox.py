@@ -194,9 +194,7 @@ class Outbox:
         return await self._run(self._counts)
 
     def _counts(self) -> dict[str, int]:
-        pending, dead = self._db().execute(
-            "SELECT COUNT(*) - COUNT(dead_at), COUNT(dead_at) FROM outbox"
-        ).fetchone()
+        pending, dead = self._db().execute("SELECT COUNT(*) - COUNT(dead_at), COUNT(dead_at) FROM outbox").fetchone()
         return {"pending": int(pending or 0), "dead": int(dead or 0)}
 
 
