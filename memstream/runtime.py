@@ -131,6 +131,7 @@ class Stack:
     children: list[Child] = field(default_factory=list)
     broker_failures: int = 0
     _env: dict[str, str] = field(default_factory=dict)
+    _metrics_dir: Path | None = None
 
     @property
     def url(self) -> str:
@@ -256,7 +257,7 @@ class Stack:
         if self.broker is not None and not self.broker.running():
             await self._restart_broker()
             return
-        for child in self.children:
+        for child in list(self.children):
             if child.alive():
                 continue
             if child.restart_at is None:
