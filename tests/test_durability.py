@@ -175,7 +175,10 @@ def assert_memorized_once(url: str, accepted: dict[str, list[str]]) -> None:
     for user, ids in accepted.items():
 
         def done(user: str = user, ids: list[str] = ids) -> bool:
-            return int(stats(url, user)["events"]) >= len(ids)
+            try:
+                return int(stats(url, user)["events"]) >= len(ids)
+            except httpx.HTTPError:  # the gateway is (re)starting
+                return False
 
         wait_for(done, MEMORIZE_TIMEOUT_S, f"{user}'s {len(ids)} messages memorized", poll_s=0.5)
         got = stats(url, user)
@@ -249,3 +252,21 @@ def test_a_foreign_process_on_the_gateway_port_makes_up_fail_clearly(
     output = up.output()
     assert "memstream is up" not in output
     assert f"{settings.host}:{settings.port} is taken by another process" in output
+
+
+def test_a_killed_embedded_broker_is_restarted_with_everything_above_it(up_factory: Callable[..., Up]) -> None:
+    up = up_factory()
+    up.start()
+    children = up.wait_ready()
+    assert up.process is not None
+    accepted = post_messages(up.url, per_user=20)
+    broker = next(pid for pid, role in children.items() if role == "broker")
+    os.kill(broker, signal.SIGKILL)  # every record it held in RAM is gone
+
+    def restarted() -> bool:
+        now = children_of(up.process.pid)  # type: ignore[union-attr]
+        return not set(now) & set(children) and sorted(now.values()) == ["broker", "gateway", "worker"]
+
+    wait_for(restarted, 90, "broker, worker and gateway started again")
+    assert_memorized_once(up.url, accepted)  # the gateway replayed its outbox into the new broker
+    assert up.process.poll() is None
