@@ -218,7 +218,7 @@ class OutboxRelay:
         self.publish = publish
         self.applied = applied
         self.interval_s = interval_s
-        self.replayed = False  # the start-up replay has run
+        self.replayed = asyncio.Event()  # set once the start-up replay has run
         self._failed: set[tuple[str, str]] = set()  # (user, event) whose publish failed since the last pass
         self._task: asyncio.Task[None] | None = None
 
@@ -278,10 +278,10 @@ class OutboxRelay:
     async def _run(self, ready: Callable[[], Awaitable[None]] | None) -> None:
         if ready is not None:
             await ready()
-        while not self.replayed:
+        while not self.replayed.is_set():
             try:
                 count = await self.replay()
-                self.replayed = True
+                self.replayed.set()
                 log.info("outbox_replayed", published=count, **await self.outbox.counts())
             except Exception as exc:  # broker or store not there yet: try again, nothing is dropped
                 log.warning("outbox_replay_failed", error=repr(exc))

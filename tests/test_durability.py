@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,12 +136,12 @@ def up_factory(settings: Settings, tmp_path: Path) -> Iterator[Callable[..., Up]
         up.stop()
 
 
-def post_messages(url: str, per_user: int) -> dict[str, list[str]]:
+def post_messages(url: str, per_user: int, users: Sequence[str] = USERS) -> dict[str, list[str]]:
     """``per_user`` messages of each user, 5 per request, interleaved; every request answered 202."""
-    accepted: dict[str, list[str]] = {u: [] for u in USERS}
+    accepted: dict[str, list[str]] = {u: [] for u in users}
     with httpx.Client(base_url=url, timeout=30.0) as http:
         for start in range(0, per_user, 5):
-            for user in USERS:
+            for user in users:
                 batch = [
                     {
                         "user_id": user,

@@ -132,9 +132,7 @@ async def test_the_relay_replays_on_start_once_ready(tmp_path: Path) -> None:
     await asyncio.sleep(0)
     assert memory.published == []  # the dead letters are not known yet
     ready.set()
-    async with asyncio.timeout(10):
-        while not relay.replayed:
-            await asyncio.sleep(0.01)
+    await asyncio.wait_for(relay.replayed.wait(), 10)
     assert memory.published == [record("alice", 1)]
     await relay.stop()
     await outbox.close()
