@@ -108,7 +108,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
     for outbox in (False, True) * args.repeat:
         data_dir = Path(tempfile.mkdtemp(prefix="ack-latency-", dir=args.data_dir))
-        settings = Settings(_env_file=None, data_dir=data_dir, llm="scripted", kafka_idempotence=False)  # type: ignore[call-arg]
+        settings = Settings(_env_file=None, data_dir=data_dir, llm="scripted", kafka_idempotence=False)
         async with EmbeddedBroker(data_dir / "broker") as broker:
             port = free_port()
             env = child_env(settings, broker.bootstrap, None, embedded=True)

@@ -263,7 +263,7 @@ class OutboxRelay:
                 held.update((user_id, e) for e in seen)
         return [e for e in entries if (e.record.user_id, e.record.event_id) not in held]
 
-    async def start(self, ready: Callable[[], Awaitable[None]] | None = None) -> None:
+    async def start(self, ready: Callable[[], Awaitable[object]] | None = None) -> None:
         """Run the start-up replay, then a prune-and-retry pass every ``interval_s``, in the background.
         ``ready`` is awaited first (the dead-letter feed has read its backlog, so dead events are known)."""
         self._task = asyncio.create_task(self._run(ready))
@@ -275,7 +275,7 @@ class OutboxRelay:
                 await self._task
             self._task = None
 
-    async def _run(self, ready: Callable[[], Awaitable[None]] | None) -> None:
+    async def _run(self, ready: Callable[[], Awaitable[object]] | None) -> None:
         if ready is not None:
             await ready()
         while not self.replayed.is_set():
