@@ -189,6 +189,11 @@ class Outbox:
         sql = "UPDATE outbox SET dead_at = ?, dead_reason = ? WHERE user_id = ? AND event_id = ?"
         await self._run(self._write, sql, rows)
 
+    async def last_seq(self) -> int:
+        return await self._run(
+            lambda: int(self._db().execute("SELECT COALESCE(MAX(seq), 0) FROM outbox").fetchone()[0])
+        )
+
     async def counts(self) -> dict[str, int]:
         """``{"pending": n, "dead": m}``."""
         return await self._run(self._counts)
@@ -226,14 +231,18 @@ class OutboxRelay:
         """The gateway could not publish these (it answered 503): the next pass retries them."""
         self._failed.update((r.user_id, r.event_id) for r in records)
 
-    async def replay(self, only: set[tuple[str, str]] | None = None) -> int:
-        """Re-publish pending entries memory does not hold yet (all, or those in ``only``), in acceptance order;
-        prune the ones it holds. Returns how many were published."""
+    async def replay(self, only: set[tuple[str, str]] | None = None, upto: int | None = None) -> int:
+        """Re-publish pending entries memory does not hold yet (all, those in ``only``, those up to seq ``upto``),
+        in acceptance order; prune the ones it holds. Returns how many were published."""
         published = 0
         after = 0
         while chunk := await self.outbox.entries(after):
             after = chunk[-1].seq
-            wanted = [e for e in chunk if only is None or (e.record.user_id, e.record.event_id) in only]
+            wanted = [
+                e
+                for e in chunk
+                if (only is None or (e.record.user_id, e.record.event_id) in only) and (upto is None or e.seq <= upto)
+            ]
             fresh = await self._prune(wanted)
             if fresh:
                 await self.publish([e.record for e in fresh])
@@ -265,8 +274,10 @@ class OutboxRelay:
 
     async def start(self, ready: Callable[[], Awaitable[object]] | None = None) -> None:
         """Run the start-up replay, then a prune-and-retry pass every ``interval_s``, in the background.
-        ``ready`` is awaited first (the dead-letter feed has read its backlog, so dead events are known)."""
-        self._task = asyncio.create_task(self._run(ready))
+        ``ready`` is awaited first (the dead-letter feed has read its backlog, so dead events are known). Only what
+        was accepted before this call is replayed: later entries are published by their own requests."""
+        upto = await self.outbox.last_seq()
+        self._task = asyncio.create_task(self._run(ready, upto))
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -275,12 +286,12 @@ class OutboxRelay:
                 await self._task
             self._task = None
 
-    async def _run(self, ready: Callable[[], Awaitable[object]] | None) -> None:
+    async def _run(self, ready: Callable[[], Awaitable[object]] | None, upto: int) -> None:
         if ready is not None:
             await ready()
         while not self.replayed.is_set():
             try:
-                count = await self.replay()
+                count = await self.replay(upto=upto)
                 self.replayed.set()
                 log.info("outbox_replayed", published=count, **await self.outbox.counts())
             except Exception as exc:  # broker or store not there yet: try again, nothing is dropped

@@ -157,6 +157,19 @@ def post_messages(url: str, per_user: int, users: Sequence[str] = USERS) -> dict
     return accepted
 
 
+def running(up_factory: Callable[..., Up], workers: int = 1) -> tuple[Up, subprocess.Popen[bytes], dict[int, str]]:
+    """A started and ready `up`, its process and its children by role."""
+    up = up_factory(workers=workers)
+    process = up.start()
+    return up, process, up.wait_ready()
+
+
+def kill_one(children: dict[int, str], role: str) -> int:
+    pid = next(pid for pid, name in children.items() if name == role)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
 def kill_all(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -190,53 +203,39 @@ def assert_memorized_once(url: str, accepted: dict[str, list[str]]) -> None:
 def test_every_accepted_message_survives_killing_every_process(
     up_factory: Callable[..., Up], sig: signal.Signals
 ) -> None:
-    first = up_factory()
-    first.start()
-    children = first.wait_ready()
+    first, process, children = running(up_factory)
     accepted = post_messages(first.url, per_user=67)  # 201 messages
-    assert first.process is not None
     # right after the 202s: the worker has memorized few of them, the broker held the rest in RAM
-    kill_all([*children, first.process.pid], sig)
-    first.process.wait(timeout=60)
+    kill_all([*children, process.pid], sig)
+    process.wait(timeout=60)
     wait_for(lambda: not any(alive(p) for p in children), 60, "every process gone")
 
-    second = up_factory()
-    second.start()
-    second.wait_ready()
+    second, _, _ = running(up_factory)
     assert_memorized_once(second.url, accepted)
 
 
 def test_a_killed_worker_is_restarted_and_ingestion_completes(up_factory: Callable[..., Up]) -> None:
-    up = up_factory(workers=2)
-    up.start()
-    children = up.wait_ready()
-    assert up.process is not None
+    up, process, children = running(up_factory, workers=2)
     accepted = post_messages(up.url, per_user=20)
-    worker = next(pid for pid, role in children.items() if role == "worker")
-    os.kill(worker, signal.SIGKILL)
+    worker = kill_one(children, "worker")
 
     def restarted() -> bool:
-        now = children_of(up.process.pid)  # type: ignore[union-attr]
+        now = children_of(process.pid)
         return worker not in now and list(now.values()).count("worker") == 2
 
     wait_for(restarted, 60, "the killed worker restarted")
-    assert '"process_restarted"' in up.output() or "process_restarted" in up.output()
+    assert "process_restarted" in up.output()
     assert_memorized_once(up.url, accepted)
-    assert up.process.poll() is None  # `up` kept running
+    assert process.poll() is None  # `up` kept running
 
 
 def test_sigkill_of_up_leaves_no_child_alive(up_factory: Callable[..., Up]) -> None:
-    up = up_factory(workers=2)
-    up.start()
-    children = up.wait_ready()
-    assert up.process is not None
-    up.process.kill()
-    up.process.wait(timeout=30)
+    _, process, children = running(up_factory, workers=2)
+    process.kill()
+    process.wait(timeout=30)
     wait_for(lambda: not any(alive(p) for p in children), 30, f"children {sorted(children)} gone")
     # and the port is free again: a new `up` starts
-    again = up_factory()
-    again.start()
-    again.wait_ready()
+    running(up_factory)
 
 
 def test_a_foreign_process_on_the_gateway_port_makes_up_fail_clearly(
@@ -255,18 +254,32 @@ def test_a_foreign_process_on_the_gateway_port_makes_up_fail_clearly(
 
 
 def test_a_killed_embedded_broker_is_restarted_with_everything_above_it(up_factory: Callable[..., Up]) -> None:
-    up = up_factory()
-    up.start()
-    children = up.wait_ready()
-    assert up.process is not None
+    up, process, children = running(up_factory)
     accepted = post_messages(up.url, per_user=20)
-    broker = next(pid for pid, role in children.items() if role == "broker")
-    os.kill(broker, signal.SIGKILL)  # every record it held in RAM is gone
+    kill_one(children, "broker")  # every record it held in RAM is gone
 
     def restarted() -> bool:
-        now = children_of(up.process.pid)  # type: ignore[union-attr]
+        now = children_of(process.pid)
         return not set(now) & set(children) and sorted(now.values()) == ["broker", "gateway", "worker"]
 
     wait_for(restarted, 90, "broker, worker and gateway started again")
     assert_memorized_once(up.url, accepted)  # the gateway replayed its outbox into the new broker
-    assert up.process.poll() is None
+    assert process.poll() is None
+
+
+def test_a_killed_gateway_is_restarted_and_accepts_again(up_factory: Callable[..., Up]) -> None:
+    up, _, children = running(up_factory)
+    accepted = post_messages(up.url, per_user=5)
+    gateway = kill_one(children, "gateway")
+
+    def serving_again() -> bool:
+        try:
+            body = httpx.get(f"{up.url}/healthz", timeout=2.0).json()
+        except httpx.HTTPError:
+            return False
+        return body.get("status") == "ok" and body.get("pid") not in (None, gateway)
+
+    wait_for(serving_again, 60, "a new gateway serving")
+    more = post_messages(up.url, per_user=10)  # the first 5 again (the same event ids), and 5 new
+    assert all(more[u][:5] == accepted[u] for u in USERS)
+    assert_memorized_once(up.url, more)

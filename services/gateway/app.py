@@ -5,6 +5,7 @@ metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -43,6 +44,8 @@ StatsReader = Callable[[str], Awaitable[Stats]]
 AppliedReader = Callable[[str, Sequence[str]], Awaitable[set[str]]]
 #: how long the start-up outbox replay waits for the dead-letter backlog (dead events are not replayed)
 DEAD_LETTERS_BACKLOG_WAIT_S = 60.0
+#: how long a new memory event waits for the start-up replay before it is published anyway
+REPLAY_WAIT_S = 10.0
 
 
 class StoreStats:
@@ -163,6 +166,9 @@ def create_app(
         if topic in memory_topics:
             # durable before acknowledged: on disk first (the embedded broker keeps records in RAM only)
             await outbox.add(records)
+            # what an earlier run accepted goes out first, so each user's events keep their order
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(relay.replayed.wait(), REPLAY_WAIT_S)
         try:
             await publish_records(records)  # the broker acknowledged every record before we answer 202
         except BaseException:
