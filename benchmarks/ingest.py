@@ -112,6 +112,7 @@ async def run_pipeline(messages: list[ChatMessage], workers: int, llm_delay: flo
                 produced = time.perf_counter() - started
                 wanted = {m.event_id for m in messages}
                 done: set[str] = set()
+                counted: set[str] = set()  # announcements are at-least-once: a repeat has the same change set id
                 llm_calls = 0
                 deadline = time.monotonic() + max(120.0, len(messages) * 0.5)
                 while not wanted <= done:
@@ -122,7 +123,9 @@ async def run_pipeline(messages: list[ChatMessage], workers: int, llm_delay: flo
                         for record in batch:
                             update = MemoryUpdate.model_validate_json(record.value or b"")
                             done.update(update.source_event_ids)
-                            llm_calls += update.llm_calls
+                            if update.change_set_id not in counted:
+                                counted.add(update.change_set_id)
+                                llm_calls += update.llm_calls
                 elapsed = time.perf_counter() - started
             finally:
                 await producer.stop()

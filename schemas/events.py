@@ -61,7 +61,8 @@ class Document(Event):
 
 
 class MemoryUpdate(Event):
-    """One committed change set: emitted only after the store write succeeded."""
+    """One committed change set: emitted only after the store write succeeded. At-least-once: after a crash it is
+    emitted again, the same record with the same ``event_id`` (the change set id), so consumers dedupe on it."""
 
     kind: Literal["memory_update"] = "memory_update"
     change_set_id: str

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -129,6 +129,44 @@ class ChangeSet(BaseModel):
     edges: list[Edge] = Field(default_factory=list)
     invalidations: list[Invalidation] = Field(default_factory=list)
     llm_calls: int = 0
+    event_time: datetime | None = Field(default=None, description="The latest event time of its events.")
+
+
+class Announcement(BaseModel):
+    """What a written change set announces on the memory-update topic.
+
+    The store keeps it, written in the same transaction that marks the change set's events applied, until the
+    publish is acknowledged: a crash in between leaves it pending, and the replay of those events announces it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    change_set_id: str
+    user_id: str
+    event_ids: list[str]
+    event_time: datetime
+    committed_at: datetime
+    vertices_added: int = 0
+    edges_added: int = 0
+    theses_added: int = 0
+    theses_invalidated: int = 0
+    llm_calls: int = 0
+
+    @classmethod
+    def of(cls, change_set: ChangeSet, result: ApplyResult) -> Announcement:
+        """The announcement of ``change_set`` as the store just wrote it (committed now)."""
+        committed = datetime.now(UTC)
+        return cls(
+            change_set_id=change_set.id,
+            user_id=change_set.user_id,
+            event_ids=change_set.event_ids,
+            event_time=change_set.event_time or committed,
+            committed_at=committed,
+            vertices_added=result.vertices_added,
+            edges_added=result.edges_added,
+            theses_added=result.theses_added,
+            theses_invalidated=result.theses_invalidated,
+            llm_calls=change_set.llm_calls,
+        )
 
 
 class ApplyResult(BaseModel):
@@ -137,6 +175,9 @@ class ApplyResult(BaseModel):
     theses_added: int = 0
     theses_invalidated: int = 0
     skipped_events: list[str] = Field(default_factory=list)
+    announcement: Announcement | None = Field(
+        default=None, description="Pending until announced; None when every event was applied before (nothing written)."
+    )
 
 
 class Stats(BaseModel):

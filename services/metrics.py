@@ -23,6 +23,10 @@ MEMORIZE_EVENTS = Counter("memstream_memorize_events_total", "Events memorized",
 MEMORIZE_BATCH_SIZE = Histogram(
     "memstream_memorize_batch_messages", "Messages per extraction call", buckets=(1, 2, 4, 8, 16, 32, 64)
 )
+MEMORY_UPDATES_REANNOUNCED = Counter(
+    "memstream_memory_updates_reannounced_total",
+    "Memory updates published again on replay: written before a crash, not yet marked announced",
+)
 MEMORIZE_CHANGES = Counter("memstream_memorize_changes_total", "Vertices/edges written", ["what"])
 EXTRACTION_FAILURES = Counter("memstream_extraction_failures_total", "Extraction calls that failed", ["reason"])
 LLM_REJECTED = Counter(

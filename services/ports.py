@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.domain import ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex, VertexKind
+from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex, VertexKind
 
 Vector = Sequence[float]
 
@@ -95,10 +95,31 @@ class MemoryStore(GraphStore, VectorStore, ABC):
     @abstractmethod
     async def apply(self, change_set: ChangeSet, vectors: Sequence[VectorItem]) -> ApplyResult:
         """Write a change set and its vectors. Embedded: one transaction. Remote: idempotent upserts, marking the
-        events as seen last, so a crash in between is repaired by the replay that follows."""
+        events as seen last, so a crash in between is repaired by the replay that follows.
+
+        With the events marked applied, the store records the change set's ``Announcement`` as pending (see
+        ``AnnouncementLog``) and returns it in the result; nothing is written, and none returned, when every event
+        was applied before."""
 
     async def close(self) -> None:
         return None
+
+
+class AnnouncementLog(ABC):
+    """Memory updates a store wrote with their change sets and that are not yet announced.
+
+    ``MemoryStore.apply`` records a change set's ``Announcement`` in the same transaction that marks its events
+    applied; it stays pending until ``mark_announced``. So a crash between the store write and the publish loses
+    no announcement: the replay of the events finds them applied and gets their pending announcements here.
+    Announcements are at-least-once, with a stable id (the change set id)."""
+
+    @abstractmethod
+    async def pending_announcements(self, user_id: str, event_ids: Sequence[str]) -> list[Announcement]:
+        """The pending announcements of the change sets that applied any of ``event_ids``, oldest first."""
+
+    @abstractmethod
+    async def mark_announced(self, user_id: str, change_set_ids: Sequence[str]) -> None:
+        """The broker acknowledged these announcements: they are no longer pending (unknown ids are ignored)."""
 
 
 class KeyValueCache(ABC):
@@ -176,6 +197,7 @@ def as_of_filter(when: datetime | None) -> Any:
 
 __all__ = [
     "LLM",
+    "AnnouncementLog",
     "Embedder",
     "GraphStore",
     "KeyValueCache",

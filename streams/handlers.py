@@ -2,7 +2,9 @@
 
 Delivery is at-least-once: the agent acks a batch only after ``handle`` returned, i.e. after the store write
 committed and its events were published. A replay is harmless because the memorize service skips events it has
-already applied. A handler never raises: whatever fails becomes a dead letter and the worker keeps going.
+already applied, and it announces again those memory updates the store still holds as pending (written, never
+marked announced): a crash between the store write and the publish loses no announcement. A handler never raises:
+whatever fails becomes a dead letter and the worker keeps going.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ class MemorizeOutcomeLike(Protocol):
 
 class Memorizer(Protocol):
     async def memorize(self, events: Sequence[MemoryEvent], source_topic: str = ...) -> MemorizeOutcomeLike: ...
+
+    async def announced(self, updates: Sequence[MemoryUpdate]) -> None:
+        """These updates were published: the store stops keeping them for a replay to announce."""
 
 
 class Answerer(Protocol):
@@ -169,11 +174,27 @@ class MemorizeHandler:
                 )
                 await send_dead_letter(self.publisher, self.topics, letter)
             return
-        for update in outcome.updates:
-            await publish_reliably(self.publisher, self.topics.memory_updates, user_key(update.user_id), encode(update))
+        await self._announce(outcome.updates)
         for letter in outcome.dead_letters:
             # the memorize service counts its own dead letters
             await send_dead_letter(self.publisher, self.topics, letter, counted=True)
+
+    async def _announce(self, updates: Sequence[MemoryUpdate]) -> None:
+        """Publish each memory update, then mark the acknowledged ones announced.
+
+        A crash before the mark leaves them pending in the store, and the replay publishes them again with the
+        same id: announcements are at-least-once, and a consumer that counts them dedupes by ``change_set_id``."""
+        topic = self.topics.memory_updates
+        published = []
+        for update in updates:
+            if await publish_reliably(self.publisher, topic, user_key(update.user_id), encode(update)):
+                published.append(update)
+        if not published:
+            return
+        try:
+            await self.memorizer.announced(published)
+        except Exception:  # still pending: the next replay of their events announces them again, same id
+            log.exception("mark_announced_failed", change_set_ids=[u.change_set_id for u in published])
 
 
 class QAHandler:

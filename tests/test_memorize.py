@@ -102,11 +102,17 @@ async def test_replay_changes_nothing_and_costs_no_llm_call(store, embedder) -> 
     llm = ScriptedLLM(dict(MEMORIZE_RULES))
     events = [msg(i, f"I met Bob at the Louvre on day {i}.") for i in range(1, 6)]
     svc = service(store, llm, embedder)
-    await svc.memorize(events)
+    first = await svc.memorize(events)
     before = await store.dump()
     calls = len(llm.calls)
-    again = await svc.memorize(events)  # the whole batch redelivered (at-least-once)
-    assert again.skipped == sorted(e.event_id for e in events) and not again.updates
+    # redelivered before its memory update was announced (a crash in between): the same update, announced again
+    again = await svc.memorize(events)
+    assert again.skipped == sorted(e.event_id for e in events)
+    assert [u.model_dump() for u in again.updates] == [u.model_dump() for u in first.updates]
+    await svc.announced(again.updates)
+    # redelivered after the announcement: nothing at all
+    third = await svc.memorize(events)
+    assert third.skipped == again.skipped and not third.updates
     assert len(llm.calls) == calls
     assert await store.dump() == before
 

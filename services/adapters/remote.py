@@ -3,8 +3,10 @@ cache in Dgraph, the vectors and BM25 index in Weaviate.
 
 There is no transaction across the two, so ``apply`` writes in an order that a replay repairs: the graph (one
 Dgraph transaction, idempotent upserts), then the vectors (Weaviate objects keyed by our ids, overwritten on
-replay), then the events as applied. A crash before the last step leaves the events unapplied, so the replay that
-follows writes the same things again and changes nothing that was already there.
+replay), then the events as applied together with the change set's pending announcement (one Dgraph transaction,
+so an applied event always has its announcement until it was published). A crash before the last step leaves the
+events unapplied, so the replay that follows writes the same things again and changes nothing that was already
+there (and announces counts of zero: what it added this time).
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from typing import Self
 
 from services.adapters.dgraph import DgraphGraphStore
 from services.adapters.weaviate import WeaviateVectorStore
-from services.domain import ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex
+from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex
 from services.logging import get_logger
 from services.metrics import STORE_WRITE_LATENCY
-from services.ports import KeyValueCache, MemoryStore, Vector, VectorHit, VectorItem
+from services.ports import AnnouncementLog, KeyValueCache, MemoryStore, Vector, VectorHit, VectorItem
 from services.settings import Settings
 
 log = get_logger(__name__)
@@ -36,7 +38,7 @@ def check_change_set(change_set: ChangeSet, vectors: Sequence[VectorItem], dim: 
             raise ValueError(f"vector {vector.id} has {len(vector.vector)} dimensions, the store has {dim}")
 
 
-class RemoteMemoryStore(MemoryStore, KeyValueCache):
+class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache):
     def __init__(self, graph: DgraphGraphStore, vectors: WeaviateVectorStore) -> None:
         """Both parts already open (see ``open``); the store closes them."""
         self.graph = graph
@@ -94,14 +96,15 @@ class RemoteMemoryStore(MemoryStore, KeyValueCache):
             if change_set.event_ids and len(result.skipped_events) == len(set(change_set.event_ids)):
                 return result  # a replay: the graph wrote nothing, and the vectors are there
             await self.vectors.upsert(change_set.user_id, vectors)
-            await self.graph.mark_applied(change_set)
+            result.announcement = Announcement.of(change_set, result)
+            await self.graph.mark_applied(change_set, result.announcement)
         finally:
             STORE_WRITE_LATENCY.labels(store="remote").observe(time.perf_counter() - started)
         log.debug(
             "change_set_applied",
             user_id=change_set.user_id,
             change_set_id=change_set.id,
-            **result.model_dump(exclude={"skipped_events"}),
+            **result.model_dump(exclude={"skipped_events", "announcement"}),
             skipped=len(result.skipped_events),
         )
         return result
@@ -155,6 +158,14 @@ class RemoteMemoryStore(MemoryStore, KeyValueCache):
 
     async def get_vectors(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]:
         return await self.vectors.get_vectors(user_id, ids)
+
+    # -- AnnouncementLog: in Dgraph, written in the transaction that marks the events applied ---------------------
+
+    async def pending_announcements(self, user_id: str, event_ids: Sequence[str]) -> list[Announcement]:
+        return await self.graph.pending_announcements(user_id, event_ids)
+
+    async def mark_announced(self, user_id: str, change_set_ids: Sequence[str]) -> None:
+        await self.graph.mark_announced(user_id, change_set_ids)
 
     # -- KeyValueCache -----------------------------------------------------------------------------------------------
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import TypeVar
 
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
 from schemas.events import ChatMessage, DeadLetter, Document, MemoryUpdate
 from services import ids, metrics
-from services.domain import ChangeSet, EdgeKind, Vertex, VertexKind
+from services.domain import Announcement, ChangeSet, EdgeKind, Vertex, VertexKind
 from services.llm.layers import TRANSIENT_ERRORS, attempts_made
 from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
@@ -27,7 +26,7 @@ from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis
 from services.memorize.chunking import chunk_text
 from services.memorize.extraction import ExtractionInput, ExtractTask, Item, ItemFacts
 from services.memorize.resolve import Pair, ResolveTask
-from services.ports import LLM, Embedder, MemoryStore, VectorItem
+from services.ports import LLM, AnnouncementLog, Embedder, MemoryStore, VectorItem
 from services.settings import Settings
 
 log = get_logger(__name__)
@@ -93,6 +92,25 @@ def _pack(items: list[T], text: Callable[[T], str], max_items: int, token_budget
     return batches
 
 
+def memory_update(announcement: Announcement) -> MemoryUpdate:
+    """The event that announces a written change set. Built from what the store kept only, so an announcement
+    made again on replay is the same record, id (the change set's) included."""
+    return MemoryUpdate(
+        event_id=announcement.change_set_id,
+        user_id=announcement.user_id,
+        event_time=announcement.event_time,
+        ingest_time=announcement.committed_at,
+        change_set_id=announcement.change_set_id,
+        source_event_ids=announcement.event_ids,
+        vertices_added=announcement.vertices_added,
+        edges_added=announcement.edges_added,
+        theses_added=announcement.theses_added,
+        theses_invalidated=announcement.theses_invalidated,
+        llm_calls=announcement.llm_calls,
+        committed_at=announcement.committed_at,
+    )
+
+
 def _with_outcome(source: Source, found: ItemFacts) -> Source:
     """The episode records how many facts came of it and, if none, why: never an unexplained empty."""
     props = {"facts": str(len(found.facts))}
@@ -114,8 +132,15 @@ class MemorizeService:
         settings: Settings,
         *,
         extract_task: ExtractTask | None = None,
+        announcements: AnnouncementLog | None = None,
     ) -> None:
+        """``announcements``: where the store keeps unannounced memory updates; by default the store itself."""
+        if announcements is None:
+            if not isinstance(store, AnnouncementLog):
+                raise TypeError(f"{type(store).__name__} keeps no announcement log: pass announcements=")
+            announcements = store
         self.extract_task = extract_task or _EXTRACT
+        self.announcements = announcements
         self.store = store
         self.llm = llm
         self.embedder = embedder
@@ -131,10 +156,30 @@ class MemorizeService:
             outcome.skipped.extend(sorted(seen))
             for event_id in seen:
                 metrics.MEMORIZE_EVENTS.labels(kind=user_events[event_id].kind, outcome="duplicate").inc()
+            if seen:  # applied before: a crash may have come before their memory updates were published
+                await self._pending(user_id, sorted(seen), outcome)
             fresh = [e for e in user_events.values() if e.event_id not in seen]
             for group in self._groups(fresh):
                 await self._memorize_group(user_id, group, outcome, source_topic)
         return outcome
+
+    async def announced(self, updates: Sequence[MemoryUpdate]) -> None:
+        """These memory updates were published (the broker acknowledged them): they are no longer pending."""
+        by_user: dict[str, list[str]] = {}
+        for update in updates:
+            by_user.setdefault(update.user_id, []).append(update.change_set_id)
+        for user_id, change_set_ids in by_user.items():
+            await self.announcements.mark_announced(user_id, change_set_ids)
+
+    async def _pending(self, user_id: str, event_ids: list[str], outcome: MemorizeOutcome) -> None:
+        """The pending announcements of these applied events join the outcome, to be published (again)."""
+        known = {u.change_set_id for u in outcome.updates}
+        for announcement in await self.announcements.pending_announcements(user_id, event_ids):
+            if announcement.change_set_id not in known:
+                metrics.MEMORY_UPDATES_REANNOUNCED.inc()
+                log.info("memory_update_pending", user_id=user_id, change_set_id=announcement.change_set_id)
+                outcome.updates.append(memory_update(announcement))
+                known.add(announcement.change_set_id)
 
     def _groups(self, events: list[MemoryEvent]) -> list[list[MemoryEvent]]:
         """Whole events packed within the batch limits; a change set never splits an event."""
@@ -174,8 +219,9 @@ class MemorizeService:
             for fact_n, old in replaced.get(n, []):
                 builder.invalidate(old, thesis_ids[fact_n], source)
         change_set = builder.build(calls)
+        change_set.event_time = max(e.event_time for e in events)
         try:
-            update = await self._write(change_set, events, vectors)
+            announcement = await self._write(change_set, events, vectors)
         except Exception as exc:  # the store is down or broken: keep the events, say why
             if len(events) > 1 and not isinstance(exc, TRANSIENT_ERRORS):
                 # maybe one event's value the store rejects: halves, so only that one is dead-lettered
@@ -187,7 +233,10 @@ class MemorizeService:
             log.error("store_write_failed", user_id=user_id, error=repr(exc))
             self._dead_letter(outcome, events, source_topic, "store_failed", repr(exc), 3)
             return
-        outcome.updates.append(update)
+        if announcement is None:  # another worker applied these events meanwhile (a rebalance): its news, if pending
+            await self._pending(user_id, event_ids, outcome)
+        else:
+            outcome.updates.append(memory_update(announcement))
 
     async def _extract(self, units: list[_Unit]) -> tuple[list[ItemFacts], int]:
         """Extraction calls over ``units`` packed by the token budget; returns what was found in each unit.
@@ -281,14 +330,16 @@ class MemorizeService:
 
     async def _write(
         self, change_set: ChangeSet, events: list[MemoryEvent], known_vectors: dict[str, list[float]]
-    ) -> MemoryUpdate:
+    ) -> Announcement | None:
         vectors = await self._vectors(change_set, known_vectors)
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2), reraise=True
         ):
             with attempt:
                 result = await self.store.apply(change_set, vectors)
-        committed = datetime.now(UTC)
+        if result.announcement is None:
+            return None
+        committed = result.announcement.committed_at
         for event in events:
             metrics.MEMORIZE_EVENTS.labels(kind=event.kind, outcome="memorized").inc()
             metrics.INGEST_TO_QUERYABLE.observe(max(0.0, (committed - event.ingest_time).total_seconds()))
@@ -305,19 +356,7 @@ class MemorizeService:
             invalidated=result.theses_invalidated,
             llm_calls=change_set.llm_calls,
         )
-        return MemoryUpdate(
-            event_id=change_set.id,
-            user_id=change_set.user_id,
-            event_time=max(e.event_time for e in events),
-            change_set_id=change_set.id,
-            source_event_ids=change_set.event_ids,
-            vertices_added=result.vertices_added,
-            edges_added=result.edges_added,
-            theses_added=result.theses_added,
-            theses_invalidated=result.theses_invalidated,
-            llm_calls=change_set.llm_calls,
-            committed_at=committed,
-        )
+        return result.announcement
 
     async def _vectors(self, change_set: ChangeSet, known_vectors: dict[str, list[float]]) -> list[VectorItem]:
         """Vectors for the vertices and relations that have none yet.

@@ -15,7 +15,7 @@ import pytest
 
 from services import ids
 from services.domain import ChangeSet, Edge, EdgeKind, Invalidation, Vertex, VertexKind
-from services.ports import MemoryStore, VectorItem
+from services.ports import AnnouncementLog, MemoryStore, VectorItem
 
 DIM = 8
 T2023 = datetime(2023, 3, 1, tzinfo=UTC)
@@ -189,6 +189,59 @@ async def test_change_set_for_another_user_is_refused(memory_store: MemoryStore,
     with pytest.raises(ValueError):
         await memory_store.apply(mixed, [])
     assert (await memory_store.stats("alice")).events == 0
+
+
+# -- announcements (AnnouncementLog: every MemoryStore keeps its change sets' memory updates until announced) --------
+
+
+def announcements(store: MemoryStore) -> AnnouncementLog:
+    assert isinstance(store, AnnouncementLog), f"{type(store).__name__} must keep an announcement log"
+    return store
+
+
+async def test_a_written_change_set_is_pending_until_announced(memory_store: MemoryStore, alice: World) -> None:
+    log = announcements(memory_store)
+    change_set = alice.change_set(["m1"], FIRST).model_copy(update={"llm_calls": 2, "event_time": T2023})
+    result = await memory_store.apply(change_set, alice.items(FIRST))
+    written = result.announcement
+    assert written is not None
+    assert (written.change_set_id, written.user_id, written.event_ids) == (change_set.id, "alice", ["m1"])
+    assert (written.vertices_added, written.theses_added, written.edges_added, written.llm_calls) == (5, 1, 5, 2)
+    assert written.event_time == T2023
+
+    assert await log.pending_announcements("alice", ["m1", "m9"]) == [written]
+    assert await log.pending_announcements("alice", ["m9"]) == []
+
+    # a replay writes nothing and announces nothing new; the pending announcement stays as it was written
+    replay = await memory_store.apply(change_set, alice.items(FIRST))
+    assert replay.announcement is None
+    assert await log.pending_announcements("alice", ["m1"]) == [written]
+
+    await log.mark_announced("alice", [change_set.id, "c_unknown"])
+    assert await log.pending_announcements("alice", ["m1"]) == []
+    assert (await memory_store.apply(change_set, alice.items(FIRST))).announcement is None
+    assert await log.pending_announcements("alice", ["m1"]) == []
+
+
+async def test_pending_announcements_come_oldest_first_and_per_change_set(
+    memory_store: MemoryStore, alice: World
+) -> None:
+    log = announcements(memory_store)
+    await load(memory_store, alice)
+    pending = await log.pending_announcements("alice", ["m2", "m1"])
+    assert [a.event_ids for a in pending] == [["m1"], ["m2"]]
+    await log.mark_announced("alice", [pending[0].change_set_id])
+    assert [a.event_ids for a in await log.pending_announcements("alice", ["m1", "m2"])] == [["m2"]]
+
+
+async def test_announcements_are_per_user(memory_store: MemoryStore, alice: World, bob: World) -> None:
+    log = announcements(memory_store)
+    await load(memory_store, alice, second=False)
+    await load(memory_store, bob, second=False)
+    assert [a.user_id for a in await log.pending_announcements("bob", ["m1"])] == ["bob"]
+    await log.mark_announced("bob", [alice.change_set(["m1"], FIRST).id])  # not his
+    assert [a.user_id for a in await log.pending_announcements("alice", ["m1"])] == ["alice"]
+    assert [a.user_id for a in await log.pending_announcements("bob", ["m1"])] == ["bob"]
 
 
 # -- graph reads ------------------------------------------------------------------------------------------------------

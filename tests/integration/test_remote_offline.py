@@ -13,12 +13,18 @@ import pytest
 from services import ids
 from services.adapters.dgraph import queries, schema_text
 from services.adapters.dgraph.codec import rank_key
-from services.adapters.dgraph.write import change_set_upsert, delete_user_upsert, events_upsert, kv_put_upsert
+from services.adapters.dgraph.write import (
+    announced_upsert,
+    change_set_upsert,
+    delete_user_upsert,
+    events_upsert,
+    kv_put_upsert,
+)
 from services.adapters.ollama.schema import ollama_schema, portable_pattern
 from services.adapters.remote import RemoteMemoryStore
 from services.adapters.weaviate.collections import tenant_name
 from services.adapters.weaviate.store import bm25_text
-from services.domain import ChangeSet, Edge, EdgeKind, Invalidation, Vertex, VertexKind
+from services.domain import Announcement, ApplyResult, ChangeSet, Edge, EdgeKind, Invalidation, Vertex, VertexKind
 from services.settings import Settings
 
 HOSTILE = '"}) { leak(func: has(vertex.id)) { uid } } # uid(a0) val(x) $u [1, 2]'
@@ -46,6 +52,8 @@ def hostile_change_set() -> ChangeSet:
         queries.valid_theses(HOSTILE, [HOSTILE], 5),
         queries.valid_theses(HOSTILE, None, 5),
         queries.seen_events(HOSTILE, [HOSTILE]),
+        queries.change_sets_of(HOSTILE, [HOSTILE]),
+        queries.pending_announcements(HOSTILE, [HOSTILE]),
         queries.stats(HOSTILE),
     ],
 )
@@ -61,7 +69,9 @@ def test_reads_carry_user_text_only_as_variables(built: tuple[queries.Params, st
 def test_writes_carry_user_text_only_as_variables_and_typed_values() -> None:
     up = change_set_upsert(hostile_change_set())
     assert HOSTILE not in up.query
-    for upsert in (up, events_upsert(HOSTILE, [HOSTILE], "c_1"), delete_user_upsert(HOSTILE)):
+    announcement = Announcement.of(hostile_change_set(), ApplyResult())
+    marked = events_upsert(HOSTILE, [HOSTILE], HOSTILE, announcement)
+    for upsert in (up, marked, announced_upsert(HOSTILE, [HOSTILE]), delete_user_upsert(HOSTILE)):
         assert HOSTILE not in upsert.query
         for mutation in upsert.mutations:
             assert HOSTILE not in mutation.cond

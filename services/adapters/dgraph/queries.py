@@ -114,6 +114,19 @@ def seen_events(user_id: str, event_ids: Iterable[str]) -> tuple[Params, str]:
     return p, p.query(f"q(func: eq(event.id, {p.many(event_ids)})) @filter(eq(event.user, $u)) {{ event.id }}", False)
 
 
+def change_sets_of(user_id: str, event_ids: Iterable[str]) -> tuple[Params, str]:
+    """The change set that applied each of these events."""
+    p = Params(user_id)
+    body = f"q(func: eq(event.id, {p.many(event_ids)})) @filter(eq(event.user, $u)) {{ event.change_set }}"
+    return p, p.query(body, False)
+
+
+def pending_announcements(user_id: str, change_set_ids: Iterable[str]) -> tuple[Params, str]:
+    p = Params(user_id)
+    body = f"q(func: eq(announce.id, {p.many(change_set_ids)})) @filter(eq(announce.user, $u)) {{ announce.body }}"
+    return p, p.query(body, False)
+
+
 def stats(user_id: str) -> tuple[Params, str]:
     p = Params(user_id)
     body = """vertices(func: eq(vertex.user, $u)) @filter(has(vertex.kind)) @groupby(vertex.kind) { count(uid) }

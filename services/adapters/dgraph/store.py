@@ -19,15 +19,16 @@ from prometheus_client import Histogram
 from pydgraph import AsyncDgraphClient, AsyncDgraphClientStub
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
 
-from services.domain import ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex, VertexKind
+from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex, VertexKind
 from services.logging import get_logger
-from services.ports import GraphStore, KeyValueCache
+from services.ports import AnnouncementLog, GraphStore, KeyValueCache
 
 from . import queries
 from .codec import is_vertex, read_edge, read_vertex
 from .write import (
     Mutation,
     Upsert,
+    announced_upsert,
     change_set_result,
     change_set_upsert,
     delete_user_upsert,
@@ -52,7 +53,7 @@ def schema_text() -> str:
     return resources.files("schemas").joinpath("dgraph.dql").read_text(encoding="utf-8")
 
 
-class DgraphGraphStore(GraphStore, KeyValueCache):
+class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
     def __init__(self, address: str, *, timeout_s: float = 30.0, attempts: int = 5) -> None:
         """``address``: alpha's gRPC ``host:port``. Call ``open`` (or ``connect``) before use."""
         self.address = address
@@ -148,9 +149,28 @@ class DgraphGraphStore(GraphStore, KeyValueCache):
         up = change_set_upsert(change_set)
         return change_set_result(up, await self._upsert("apply", up))
 
-    async def mark_applied(self, change_set: ChangeSet) -> None:
-        if change_set.event_ids:
-            await self._upsert("mark_applied", events_upsert(change_set.user_id, change_set.event_ids, change_set.id))
+    async def mark_applied(self, change_set: ChangeSet, announcement: Announcement | None = None) -> None:
+        """The change set's events as applied and, in the same transaction, its announcement as pending."""
+        if change_set.event_ids or announcement is not None:
+            up = events_upsert(change_set.user_id, change_set.event_ids, change_set.id, announcement)
+            await self._upsert("mark_applied", up)
+
+    async def pending_announcements(self, user_id: str, event_ids: Sequence[str]) -> list[Announcement]:
+        if not event_ids:
+            return []
+        params, query = queries.change_sets_of(user_id, dict.fromkeys(event_ids))
+        applied_by = (await self._query("change_sets_of", query, params.values)).get("q", [])
+        change_sets = dict.fromkeys(str(node["event.change_set"]) for node in applied_by if "event.change_set" in node)
+        if not change_sets:
+            return []
+        params, query = queries.pending_announcements(user_id, change_sets)
+        nodes = (await self._query("pending_announcements", query, params.values)).get("q", [])
+        found = [Announcement.model_validate_json(node["announce.body"]) for node in nodes]
+        return sorted(found, key=lambda a: (a.committed_at, a.change_set_id))
+
+    async def mark_announced(self, user_id: str, change_set_ids: Sequence[str]) -> None:
+        if change_set_ids:
+            await self._upsert("mark_announced", announced_upsert(user_id, list(dict.fromkeys(change_set_ids))))
 
     async def delete_user(self, user_id: str) -> None:
         """Forget one user: every vertex, edge and applied event (the LLM cache is not per user)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydgraph.proto import api_pb2 as api
 
-from services.domain import ApplyResult, ChangeSet, Edge, Invalidation, Vertex, VertexKind
+from services.domain import Announcement, ApplyResult, ChangeSet, Edge, Invalidation, Vertex, VertexKind
 
 from .codec import Values, dt_text, edge_values, vertex_values
 from .queries import VALID_THESIS, Params
@@ -172,9 +172,22 @@ def change_set_result(up: ChangeSetUpsert, result: Mapping[str, Any]) -> ApplyRe
     )
 
 
-def events_upsert(user_id: str, event_ids: Sequence[str], change_set_id: str) -> Upsert:
-    """Mark events as applied (each once)."""
+def events_upsert(
+    user_id: str, event_ids: Sequence[str], change_set_id: str, announcement: Announcement | None = None
+) -> Upsert:
+    """Mark events as applied (each once) and, in the same transaction, record the change set's pending
+    announcement."""
     up = Upsert(Params(user_id))
+    if announcement is not None:
+        cs = up.params.add(change_set_id)
+        up.blocks.append(f"pa as var(func: eq(announce.id, {cs})) @filter(eq(announce.user, $u))")
+        pending: Values = {
+            "dgraph.type": "Announcement",
+            "announce.id": change_set_id,
+            "announce.user": user_id,
+            "announce.body": announcement.model_dump_json(),
+        }
+        up.mutations.append(Mutation(nquads("uid(pa)", pending)))
     for n, event_id in enumerate(dict.fromkeys(event_ids)):
         var = f"m{n}"
         up.blocks.append(f"{var} as var(func: eq(event.id, {up.params.add(event_id)})) @filter(eq(event.user, $u))")
@@ -188,6 +201,16 @@ def events_upsert(user_id: str, event_ids: Sequence[str], change_set_id: str) ->
     return up
 
 
+def announced_upsert(user_id: str, change_set_ids: Sequence[str]) -> Upsert:
+    """Forget the pending announcements of these change sets (they were published)."""
+    up = Upsert(Params(user_id))
+    ids = up.params.many(change_set_ids)
+    up.blocks.append(f"done as var(func: eq(announce.id, {ids})) @filter(eq(announce.user, $u))")
+    star = api.Value(default_val=STAR)
+    up.mutations.append(Mutation(deletes=[api.NQuad(subject="uid(done)", predicate=STAR, object_value=star)]))
+    return up
+
+
 def kv_put_upsert(key: str, value: str) -> tuple[str, dict[str, str], Mutation]:
     query = "query q($k: string) { entry as var(func: eq(kv.key, $k)) }"
     values: Values = {"dgraph.type": "CacheEntry", "kv.key": key, "kv.value": value}
@@ -195,14 +218,17 @@ def kv_put_upsert(key: str, value: str) -> tuple[str, dict[str, str], Mutation]:
 
 
 def delete_user_upsert(user_id: str) -> Upsert:
-    """Every node of one user (vertices, edges, applied events), every predicate (``S * *``)."""
+    """Every node of one user (vertices, edges, applied events, pending announcements), every predicate (``S * *``)."""
     up = Upsert(Params(user_id))
     up.blocks = [
         "vs as var(func: eq(vertex.user, $u))",
         "es as var(func: eq(edge.user, $u))",
         "evs as var(func: eq(event.user, $u))",
+        "pas as var(func: eq(announce.user, $u))",
     ]
     star = api.Value(default_val=STAR)
-    deletes = [api.NQuad(subject=f"uid({var})", predicate=STAR, object_value=star) for var in ("vs", "es", "evs")]
+    deletes = [
+        api.NQuad(subject=f"uid({var})", predicate=STAR, object_value=star) for var in ("vs", "es", "evs", "pas")
+    ]
     up.mutations.append(Mutation(deletes=deletes))
     return up

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import apsw
 
-from services.domain import EdgeKind, Stats, Triplet, Vertex, VertexKind
+from services.domain import Announcement, EdgeKind, Stats, Triplet, Vertex, VertexKind
 
 from .codec import EDGE_COLUMNS, N_EDGE_COLUMNS, N_VERTEX_COLUMNS, VERTEX_COLUMNS, json_list, row_edge, row_vertex
 
@@ -153,6 +153,15 @@ def stats(conn: apsw.Connection, user_id: str) -> Stats:
     )
 
 
+def pending_announcements(conn: apsw.Connection, user_id: str, event_ids: Sequence[str]) -> list[Announcement]:
+    rows = conn.execute(
+        "SELECT announcement FROM pending_announcements WHERE user_id = ? AND change_set_id IN "
+        f"(SELECT change_set_id FROM applied_events WHERE user_id = ? AND event_id IN {_IN_LIST}) ORDER BY rowid",
+        (user_id, user_id, json_list(event_ids)),
+    )
+    return [Announcement.model_validate_json(str(row[0])) for row in rows]
+
+
 def get_value(conn: apsw.Connection, key: str) -> str | None:
     row = conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
     return None if row is None else str(row[0])
@@ -187,6 +196,30 @@ def dump(conn: apsw.Connection, user_id: str | None) -> dict[str, list[tuple[Any
             rows = conn.execute(sql.format(where=f"WHERE {user_column} = ?"), (user_id,))
             out[table] = [tuple(row) for row in rows]
     return out
+
+
+# a user's memory without the ingest-time clocks (t_created, t_expired) and the bookkeeping of how events were grouped
+# into change sets: two runs over the same events have equal content whatever crashed and however batches fell
+_CONTENT = {
+    "vertices": "SELECT id, kind, name, norm_name, props, t_valid, t_invalid, invalidated_by, episode_label, "
+    "temporal_label FROM vertices WHERE user_id = ? ORDER BY id",
+    "edges": f"SELECT {EDGE_COLUMNS} FROM edges WHERE user_id = ? ORDER BY id",
+    "events": "SELECT event_id FROM applied_events WHERE user_id = ? ORDER BY event_id",
+    "items": "SELECT id, kind, text FROM items WHERE user_id = ? ORDER BY id",
+}
+
+
+def content(conn: apsw.Connection, user_id: str) -> dict[str, list[tuple[Any, ...]]]:
+    return {name: [tuple(row) for row in conn.execute(sql, (user_id,))] for name, sql in _CONTENT.items()}
+
+
+def users(conn: apsw.Connection) -> list[str]:
+    return [str(row[0]) for row in conn.execute("SELECT DISTINCT user_id FROM applied_events ORDER BY user_id")]
+
+
+def pending_count(conn: apsw.Connection) -> int:
+    (count,) = conn.execute("SELECT count(*) FROM pending_announcements")
+    return int(count[0])
 
 
 def in_snapshot(fn: Callable[..., T]) -> Callable[..., T]:

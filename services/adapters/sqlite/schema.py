@@ -45,6 +45,10 @@ def _ddl(dim: int) -> list[str]:
         """CREATE TABLE IF NOT EXISTS applied_events (
             user_id TEXT NOT NULL, event_id TEXT NOT NULL, change_set_id TEXT NOT NULL,
             PRIMARY KEY (user_id, event_id))""",
+        # a change set's memory update (Announcement JSON), written with its applied events, until it was published
+        """CREATE TABLE IF NOT EXISTS pending_announcements (
+            user_id TEXT NOT NULL, change_set_id TEXT NOT NULL, announcement TEXT NOT NULL,
+            PRIMARY KEY (user_id, change_set_id))""",
         # one row per indexed text; its item_no is the rowid in both the vec0 and the FTS5 table. user_key is
         # the user id as one opaque token, so FTS5 narrows a MATCH to one user inside the index
         """CREATE TABLE IF NOT EXISTS items (

@@ -9,6 +9,8 @@ Readers run on a small pool, each thread with its own connection.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,14 +22,14 @@ from typing import Any, Self, TypeVar
 import apsw
 from prometheus_client import Histogram
 
-from services.domain import ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex
+from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex
 from services.logging import get_logger
 from services.metrics import STORE_WRITE_LATENCY
-from services.ports import KeyValueCache, MemoryStore, Vector, VectorHit, VectorItem
+from services.ports import AnnouncementLog, KeyValueCache, MemoryStore, Vector, VectorHit, VectorItem
 
 from . import read, search
 from .schema import connect, create_schema
-from .write import apply_change_set, put_value
+from .write import apply_change_set, mark_announced, put_value
 
 T = TypeVar("T")
 
@@ -41,7 +43,7 @@ READ_LATENCY = Histogram(
 log = get_logger(__name__)
 
 
-class SqliteMemoryStore(MemoryStore, KeyValueCache):
+class SqliteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache):
     def __init__(self, path: Path | str, dim: int, readers: int = 2) -> None:
         if dim <= 0:
             raise ValueError("dim must be positive")
@@ -124,7 +126,7 @@ class SqliteMemoryStore(MemoryStore, KeyValueCache):
             "change_set_applied",
             user_id=change_set.user_id,
             change_set_id=change_set.id,
-            **result.model_dump(exclude={"skipped_events"}),
+            **result.model_dump(exclude={"skipped_events", "announcement"}),
             skipped=len(result.skipped_events),
         )
         return result
@@ -196,6 +198,17 @@ class SqliteMemoryStore(MemoryStore, KeyValueCache):
             return {}
         return await self._read("get_vectors", search.get_vectors, user_id, list(ids))
 
+    # -- AnnouncementLog -----------------------------------------------------------------------------------------
+
+    async def pending_announcements(self, user_id: str, event_ids: Sequence[str]) -> list[Announcement]:
+        if not event_ids:
+            return []
+        return await self._read("pending_announcements", read.pending_announcements, user_id, list(event_ids))
+
+    async def mark_announced(self, user_id: str, change_set_ids: Sequence[str]) -> None:
+        if change_set_ids:
+            await self._run(self._writer, mark_announced, user_id, list(change_set_ids))
+
     # -- KeyValueCache ------------------------------------------------------------------------------------------
 
     async def get(self, key: str) -> str | None:
@@ -209,3 +222,16 @@ class SqliteMemoryStore(MemoryStore, KeyValueCache):
     async def dump(self, user_id: str | None = None) -> dict[str, list[tuple[Any, ...]]]:
         """Every row of every table (one user's, or all plus the KV cache), sorted: equal dumps, equal content."""
         return await self._read("dump", read.in_snapshot(read.dump), user_id)
+
+    async def content_hashes(self) -> dict[str, str]:
+        """Per user, a hash of their memory (``read.content``): equal hashes, equal memory, however it was built."""
+        contents = await self._read("content", read.in_snapshot(_contents))
+        return {user: hashlib.sha256(json.dumps(rows).encode()).hexdigest() for user, rows in contents.items()}
+
+    async def pending_count(self) -> int:
+        """Announcements of every user not yet marked announced."""
+        return await self._read("pending_count", read.pending_count)
+
+
+def _contents(conn: apsw.Connection) -> dict[str, dict[str, list[tuple[Any, ...]]]]:
+    return {user: read.content(conn, user) for user in read.users(conn)}

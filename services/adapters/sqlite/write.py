@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import apsw
 
-from services.domain import ApplyResult, ChangeSet, VertexKind
+from services.domain import Announcement, ApplyResult, ChangeSet, VertexKind
 from services.ports import VectorItem
 
 from .codec import (
@@ -82,6 +82,11 @@ def _write(conn: apsw.Connection, change_set: ChangeSet, vectors: Sequence[Vecto
         "INSERT OR IGNORE INTO applied_events (user_id, event_id, change_set_id) VALUES (?, ?, ?)",
         [(user, event_id, change_set.id) for event_id in change_set.event_ids],
     )
+    result.announcement = Announcement.of(change_set, result)
+    conn.execute(
+        "INSERT OR REPLACE INTO pending_announcements (user_id, change_set_id, announcement) VALUES (?, ?, ?)",
+        (user, change_set.id, result.announcement.model_dump_json()),
+    )
     return result
 
 
@@ -105,6 +110,14 @@ def apply_change_set(
         raise
     result.skipped_events = [event_id for event_id in event_ids if event_id in seen]
     return result
+
+
+def mark_announced(conn: apsw.Connection, user_id: str, change_set_ids: Sequence[str]) -> None:
+    with conn:  # one transaction
+        conn.executemany(
+            "DELETE FROM pending_announcements WHERE user_id = ? AND change_set_id = ?",
+            [(user_id, change_set_id) for change_set_id in change_set_ids],
+        )
 
 
 def put_value(conn: apsw.Connection, key: str, value: str) -> None:
