@@ -195,10 +195,8 @@ class MemorizeService:
             outcome.llm_calls += exc.attempts
             metrics.EXTRACTION_FAILURES.labels(reason="invalid_output").inc()
             if len(events) > 1:
-                half = len(events) // 2
                 log.warning("extraction_failed_splitting", user_id=user_id, events=len(events), error=str(exc))
-                await self._memorize_group(user_id, events[:half], outcome, source_topic)
-                await self._memorize_group(user_id, events[half:], outcome, source_topic)
+                await self._halves(user_id, events, outcome, source_topic)
                 return
             self._dead_letter(outcome, events, source_topic, "extraction_failed", str(exc), exc.attempts)
             return
@@ -226,9 +224,7 @@ class MemorizeService:
             if len(events) > 1 and not isinstance(exc, TRANSIENT_ERRORS):
                 # maybe one event's value the store rejects: halves, so only that one is dead-lettered
                 log.warning("store_write_failed_splitting", user_id=user_id, events=len(events), error=repr(exc))
-                half = len(events) // 2
-                await self._memorize_group(user_id, events[:half], outcome, source_topic)
-                await self._memorize_group(user_id, events[half:], outcome, source_topic)
+                await self._halves(user_id, events, outcome, source_topic)
                 return
             log.error("store_write_failed", user_id=user_id, error=repr(exc))
             self._dead_letter(outcome, events, source_topic, "store_failed", repr(exc), 3)
@@ -237,6 +233,14 @@ class MemorizeService:
             await self._pending(user_id, event_ids, outcome)
         else:
             outcome.updates.append(memory_update(announcement))
+
+    async def _halves(
+        self, user_id: str, events: list[MemoryEvent], outcome: MemorizeOutcome, source_topic: str
+    ) -> None:
+        """Memorize each half on its own, so the one event that fails a group is dead-lettered alone."""
+        half = len(events) // 2
+        await self._memorize_group(user_id, events[:half], outcome, source_topic)
+        await self._memorize_group(user_id, events[half:], outcome, source_topic)
 
     async def _extract(self, units: list[_Unit]) -> tuple[list[ItemFacts], int]:
         """Extraction calls over ``units`` packed by the token budget; returns what was found in each unit.
