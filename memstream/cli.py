@@ -167,8 +167,9 @@ async def _demo(
 
     messages = demo_messages()
     logs = f"{log_dir} (worker-*.log: memorize and QA, gateway.log)" if log_dir else "the worker's log"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(base_url=url, timeout=60.0, transport=transport, headers=headers) as http:
+    from services.gateway.client import bearer
+
+    async with httpx.AsyncClient(base_url=url, timeout=60.0, transport=transport, headers=bearer(api_key)) as http:
         run = _DemoRun(http, echo, progress_every_s, poll_s)
         before = await run.dead_letter_records(DEMO_USER)
         body = [m.model_dump(mode="json", exclude={"ingest_time"}) for m in messages]

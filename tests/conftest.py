@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from memstream.broker import EmbeddedBroker, free_port
+from services.gateway.keys import create_key
 from services.settings import Settings
 
 SCRIPTED_LLM = "services.llm.scripted:rule_based_llm"
@@ -60,3 +61,14 @@ def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
         yield instance
     finally:
         instance.stop()
+
+
+def api_key(settings: Settings, users: Sequence[str] = ("*",), scopes: Sequence[str] = ("admin",)) -> str:
+    """A new API key in the settings' key file (default: an admin key for every user)."""
+    return create_key(settings, users, scopes, label="test")
+
+
+@pytest.fixture(scope="session")
+def key_factory() -> Callable[..., str]:
+    """``api_key(settings, users=("*",), scopes=("admin",))``: a new API key in the settings' key file."""
+    return api_key

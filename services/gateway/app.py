@@ -8,7 +8,7 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -203,7 +203,7 @@ def create_app(
         return JSONResponse(status_code=200 if healthy else 503, content=body)
 
     @app.get("/metrics")
-    async def metrics(_: Annotated[Principal | None, Depends(metrics_access(settings))]) -> Response:
+    async def metrics(_: Principal | None = Depends(metrics_access(settings))) -> Response:  # noqa: B008
         registry: CollectorRegistry | None = None
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # `memstream up` runs workers and gateway as processes sharing one metrics directory

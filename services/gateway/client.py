@@ -26,13 +26,17 @@ RATE_LIMIT_WAITS = 5
 MAX_RETRY_AFTER_S = 60.0
 
 
+def bearer(key: str | None) -> dict[str, str]:
+    """The header that sends ``key`` (an API key or a token); none without one."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 class GatewayClient:
     """``api_key``: an API key (``msk_...``) or a bearer token, sent with every request."""
 
     def __init__(self, url: str, timeout_s: float = 60.0, api_key: str | None = None) -> None:
         self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=bearer(api_key))
 
     def close(self) -> None:
         self._http.close()

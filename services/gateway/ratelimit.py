@@ -2,8 +2,9 @@
 process (each gateway process counts on its own).
 
 A bucket holds at most a minute's allowance and refills continuously. A request is let through while the bucket
-is not empty and takes what it costs (a batch of messages may take the bucket below zero, so any batch the body
-limit allows can pass); a request that finds it empty gets 429 with ``Retry-After``: the seconds until it is not.
+holds at least one token and takes what it costs (a batch of messages may take the bucket below zero, so any batch
+the body limit allows can pass); a request that finds less gets 429 with ``Retry-After``: the seconds until there
+is one again.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ class RateLimiter:
             bucket = self._buckets[(credential, kind)] = _Bucket(float(allowance), now)
         bucket.tokens = min(float(allowance), bucket.tokens + (now - bucket.at) * rate)
         bucket.at = now
-        if bucket.tokens <= 0:
+        if bucket.tokens < 1:
             RATE_LIMITED.labels(kind=kind).inc()
-            retry_after = max(1, math.ceil((-bucket.tokens + 1e-9) / rate))
+            retry_after = max(1, math.ceil((1 - bucket.tokens) / rate))
             raise HTTPException(
                 status_code=429,
                 detail=f"rate limit: at most {allowance} {kind}s a minute for this credential; retry in {retry_after}s",
