@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -32,10 +33,12 @@ def bearer(key: str | None) -> dict[str, str]:
 
 
 class GatewayClient:
-    """``api_key``: an API key (``msk_...``) or a bearer token, sent with every request."""
+    """``api_key``: an API key (``msk_...``) or a bearer token, sent with every request (default:
+    ``MEMSTREAM_API_KEY``)."""
 
     def __init__(self, url: str, timeout_s: float = 60.0, api_key: str | None = None) -> None:
         self.url = url.rstrip("/")
+        api_key = api_key if api_key is not None else os.environ.get("MEMSTREAM_API_KEY")
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=bearer(api_key))
 
     def close(self) -> None:
