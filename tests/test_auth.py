@@ -357,3 +357,18 @@ def test_metrics_can_be_made_public(broker: EmbeddedBroker, gateway_settings: Ca
     with TestClient(create_app(settings, broker.bootstrap)) as gateway:
         assert gateway.get("/metrics").status_code == 200
         assert gateway.get("/v1/stats/alice").status_code == 401
+
+
+def test_the_demo_uses_the_first_admin_key_or_a_key_of_its_own_that_it_revokes(
+    settings: Settings, monkeypatch: Any
+) -> None:
+    from memstream.cli import _demo_key
+
+    monkeypatch.delenv("MEMSTREAM_API_KEY", raising=False)
+    admin = ensure_admin_key(settings)
+    with _demo_key(settings, admin) as key:
+        assert key == admin
+    with _demo_key(settings, None) as key:  # a later start: the admin key is not known any more
+        record = KeyStore.of(settings).verify(key)
+        assert record is not None and record.users == ["demo"] and "admin" not in record.scopes
+    assert KeyStore.of(settings).verify(key) is None  # revoked once the demo is done
