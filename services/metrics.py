@@ -67,3 +67,10 @@ CONSUMER_LAG = Gauge(
     ["topic", "partition"],
     multiprocess_mode="livemax",
 )
+
+# The gateway's write-ahead outbox (streams/outbox.py)
+OUTBOX_COMMITS = Counter("memstream_outbox_commits_total", "Outbox commits (fsyncs); each covers one or more requests")
+OUTBOX_REPLAYED = Counter("memstream_outbox_replayed_total", "Outbox entries re-published into the broker")
+OUTBOX_ENTRIES = Gauge(
+    "memstream_outbox_entries", "Outbox entries not memorized yet, by state", ["state"], multiprocess_mode="livesum"
+)

@@ -24,6 +24,9 @@ class Settings(BaseSettings):
     replication_factor: int = Field(default=1, ge=1)
     consumer_group: str = "memstream"
     broker_session_timeout_s: float = 8.0
+    kafka_idempotence: bool = Field(
+        default=True, description="idempotent producers; `up` turns it off for the embedded Tansu, which lacks it"
+    )
 
     # Memory store: the embedded SQLite file, or Dgraph (graph, applied events, LLM cache) + Weaviate (vectors)
     store: Literal["sqlite", "remote"] = "sqlite"
@@ -76,6 +79,9 @@ class Settings(BaseSettings):
         default=DEFAULT_MAX_BODY_BYTES, ge=1024, description="larger request bodies get 413 before they are read"
     )
     worker_web_port: int = 6066
+    outbox_check_interval_s: float = Field(
+        default=10.0, gt=0, description="how often the gateway prunes memorized events from its outbox"
+    )
 
     # Authentication: API keys (hashed in a file) and OIDC/JWT bearer tokens; see docs/security.md
     auth_keys_file: Path | None = Field(default=None, description="API key hashes (unset: data_dir/auth/api-keys.json)")
@@ -111,6 +117,10 @@ class Settings(BaseSettings):
     @property
     def store_path(self) -> Path:
         return self.data_dir / "memory.sqlite3"
+
+    @property
+    def outbox_path(self) -> Path:
+        return self.data_dir / "gateway" / "outbox.sqlite3"
 
 
 @lru_cache(maxsize=1)

@@ -40,6 +40,7 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
         "log_json": True,
         **overrides,
     }
+    values.setdefault("kafka_idempotence", values["broker"] is not None)  # the embedded Tansu has no idempotence
     return Settings(_env_file=None, **values)  # type: ignore[arg-type]
 
 

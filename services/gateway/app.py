@@ -5,7 +5,9 @@ metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,7 +21,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from pydantic import BaseModel
 
 from memstream.broker import wait_for_kafka
-from schemas.events import Event
+from schemas.events import DeadLetter, Event
 from services.domain import Stats
 from services.gateway import inputs
 from services.gateway.answers import AnswerBook, AnswerFeed
@@ -43,6 +45,7 @@ from services.logging import get_logger
 from services.observability.context import bind
 from services.settings import Settings
 from streams.codec import encode, user_key
+from streams.outbox import Outbox, OutboxRecord, OutboxRelay
 from streams.topics import TopicNames, ensure_topics
 
 log = get_logger(__name__)
@@ -51,16 +54,24 @@ GATEWAY_EVENTS = Counter("memstream_gateway_events_total", "Events accepted by t
 GATEWAY_REJECTED = Counter("memstream_gateway_rejected_total", "Requests rejected as invalid", ["route"])
 
 StatsReader = Callable[[str], Awaitable[Stats]]
+AppliedReader = Callable[[str, Sequence[str]], Awaitable[set[str]]]
+#: how long the start-up outbox replay waits for the dead-letter backlog (dead events are not replayed)
+DEAD_LETTERS_BACKLOG_WAIT_S = 60.0
+#: how long a new memory event waits for the start-up replay before it is published anyway
+REPLAY_WAIT_S = 10.0
 
 
 class StoreStats:
-    """Reads per-user stats from the configured store, opened on first use."""
+    """Reads per-user stats and applied event ids from the configured store, opened on first use."""
 
     def __init__(self, settings: Settings) -> None:
         self._store = LazyStore(settings)
 
     async def __call__(self, user_id: str) -> Stats:
         return await (await self._store()).stats(user_id)
+
+    async def applied(self, user_id: str, event_ids: Sequence[str]) -> set[str]:
+        return await (await self._store()).seen_events(user_id, event_ids)
 
     async def close(self) -> None:
         await self._store.close()
@@ -86,8 +97,10 @@ def create_app(
     stats_reader: StatsReader | None = None,
     answers_capacity: int = 10_000,
     dead_letters_capacity: int = 50_000,
+    applied_reader: AppliedReader | None = None,
 ) -> FastAPI:
-    """The gateway app. ``bootstrap`` defaults to ``settings.broker``; ``stats_reader`` to the embedded store."""
+    """The gateway app. ``bootstrap`` defaults to ``settings.broker``; ``stats_reader`` and ``applied_reader``
+    (which accepted events memory holds, to prune the outbox) to the configured store."""
     servers = bootstrap or settings.broker
     if not servers:
         raise ValueError("the gateway needs a broker: set MEMSTREAM_BROKER or pass bootstrap")
@@ -96,28 +109,65 @@ def create_app(
     feed = AnswerFeed(servers, topics.answers, book)
     dead_letters = DeadLetterBook(dead_letters_capacity)
     dead_letter_feed = DeadLetterFeed(servers, topics.dead_letters, dead_letters)
-    store_stats = StoreStats(settings) if stats_reader is None else None
-    read_stats: StatsReader = stats_reader or store_stats  # type: ignore[assignment]
+    store = StoreStats(settings) if stats_reader is None or applied_reader is None else None
+    read_stats: StatsReader = stats_reader or store  # type: ignore[assignment]
+    read_applied: AppliedReader = applied_reader or store.applied  # type: ignore[union-attr]
     producer_box: list[AIOKafkaProducer] = []
+    memory_topics = {topics.chat, topics.documents}
+    outbox = Outbox(settings.outbox_path)
+
+    async def publish_records(records: Sequence[OutboxRecord]) -> None:
+        producer = producer_box[0]
+        futures = [await producer.send(r.topic, r.value, key=user_key(r.user_id)) for r in records]
+        await asyncio.gather(*futures)
+
+    relay = OutboxRelay(outbox, publish_records, read_applied, settings.outbox_check_interval_s)
+
+    async def dead_lettered(letter: DeadLetter) -> None:
+        """A dead-lettered event is not replayed from the outbox (it would fail again, forever)."""
+        if letter.user_id and letter.source_topic in memory_topics:
+            try:
+                await outbox.mark_dead(letter.user_id, letter.failed_event_ids, letter.reason)
+            except sqlite3.Error as exc:  # left pending: replayed once at the next start, then dead again
+                log.error("outbox_mark_dead_failed", dead_letter=letter.event_id, error=repr(exc))
+
+    dead_letter_feed.listeners.append(dead_lettered)
+
+    async def dead_letters_known() -> None:
+        try:
+            await asyncio.wait_for(dead_letter_feed.loaded.wait(), DEAD_LETTERS_BACKLOG_WAIT_S)
+        except TimeoutError:
+            log.warning("outbox_replay_without_dead_letters", waited_s=DEAD_LETTERS_BACKLOG_WAIT_S)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await outbox.open()
         await wait_for_kafka(servers)
         await ensure_topics(settings, servers)
-        producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", linger_ms=5, client_id="memstream-gateway")
+        # acks=all: every in-sync replica has the record; idempotent: a retried send is not written twice
+        producer = AIOKafkaProducer(
+            bootstrap_servers=servers,
+            acks="all",
+            enable_idempotence=settings.kafka_idempotence,
+            linger_ms=5,
+            client_id="memstream-gateway",
+        )
         await producer.start()
         producer_box.append(producer)
         await feed.start()
         await dead_letter_feed.start()
-        log.info("gateway_ready", broker=servers)
+        await relay.start(ready=dead_letters_known)  # what an earlier run acknowledged goes out again first
+        log.info("gateway_ready", broker=servers, outbox=str(outbox.path))
         try:
             yield
         finally:
+            await relay.stop()
             await dead_letter_feed.stop()
             await feed.stop()
             await producer.stop()
-            if store_stats is not None:
-                await store_stats.close()
+            await outbox.close()
+            if store is not None:
+                await store.close()
 
     app = FastAPI(title="memstream gateway", version="1", lifespan=lifespan)
     app.state.answers = book
@@ -131,14 +181,29 @@ def create_app(
     limiter = rate_limiter(settings)
 
     async def produce(topic: str, events: Sequence[Any]) -> None:
-        producer = producer_box[0]
-        futures = [await producer.send(topic, encode(e), key=user_key(e.user_id)) for e in events]
-        await asyncio.gather(*futures)  # the broker acknowledged every record before we answer 202
+        records = [OutboxRecord(topic, e.user_id, e.event_id, encode(e)) for e in events]
+        if topic in memory_topics:
+            # durable before acknowledged: on disk first (the embedded broker keeps records in RAM only)
+            await outbox.add(records)
+            # what an earlier run accepted goes out first, so each user's events keep their order
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(relay.replayed.wait(), REPLAY_WAIT_S)
+        try:
+            await publish_records(records)  # the broker acknowledged every record before we answer 202
+        except BaseException:
+            if topic in memory_topics:
+                relay.publish_failed(records)  # on disk already: the relay publishes them later
+            raise
 
     @app.exception_handler(KafkaError)
     async def broker_unavailable(request: Request, exc: KafkaError) -> JSONResponse:
         log.error("produce_failed", path=request.url.path, error=repr(exc))
         return JSONResponse(status_code=503, content={"detail": f"the broker did not accept the events: {exc!r}"})
+
+    @app.exception_handler(sqlite3.Error)
+    async def outbox_unavailable(request: Request, exc: sqlite3.Error) -> JSONResponse:
+        log.error("outbox_write_failed", path=request.url.path, error=repr(exc))
+        return JSONResponse(status_code=503, content={"detail": f"the events could not be stored durably: {exc!r}"})
 
     async def accept(
         request: Request, route: str, parse: Callable[[Any], Sequence[Event]], topic: str, kind: str
@@ -196,6 +261,7 @@ def create_app(
         healthy = bool(producer_box) and feed.running and dead_letter_feed.running
         body = {
             "status": "ok" if healthy else "degraded",
+            "pid": os.getpid(),  # `memstream up` checks that the gateway answering is the one it started
             "broker": servers,
             "answers_cached": len(book),
             "dead_letters": len(dead_letters),

@@ -227,7 +227,10 @@ class DeadLetterFeed(TopicFeed):
         super().__init__(bootstrap, (topic,), client_id="memstream-gateway-dead-letters", name="dead-letter-feed")
         self.topic = topic
         self.book = book
+        #: called with every dead letter read (the outbox marks its events dead); must not raise
+        self.listeners: list[Callable[[DeadLetter], Awaitable[None]]] = []
         self.caught_up = False
+        self.loaded = asyncio.Event()  # set once caught up for the first time
         self._ends: dict[TopicPartition, int] = {}
 
     async def on_started(self, consumer: AIOKafkaConsumer) -> None:
@@ -241,9 +244,12 @@ class DeadLetterFeed(TopicFeed):
         for records in fetched.values():
             for letter in decode_records(records, DeadLetter, "dead_letter"):
                 self.book.add(letter)
+                for listener in self.listeners:
+                    await listener(letter)
         if not self.caught_up and self._consumer is not None:
             self.caught_up = await self._reached_ends(self._consumer)
             if self.caught_up:
+                self.loaded.set()
                 log.info("dead_letters_loaded", dead_letters=len(self.book))
 
     async def _reached_ends(self, consumer: AIOKafkaConsumer) -> bool:

@@ -50,12 +50,21 @@ class Completion:
     cancelled: bool = False
 
 
+#: The slowest prompt processing that still counts as progress. A model produces no token before it has read
+#: the whole prompt, so the first token may take this long per prompt token on top of the stall limit (on 2 busy
+#: cores the 1.5B model reads 5-20 tokens a second: a 1,000-token extraction prompt took over the 300 s limit).
+MIN_PROMPT_TOKENS_PER_S = 2.0
+
+
 @dataclass
 class Progress:
-    """When a generation started (None: still queued) and when it last produced something (monotonic clock)."""
+    """When a generation started (None: still queued) and when it last produced something (monotonic clock);
+    ``prompt_allowance_s``: extra time the first token may take, for reading the prompt."""
 
     started: float | None = None
     last: float | None = None
+    produced: bool = False
+    prompt_allowance_s: float = 0.0
 
 
 def strip_think(text: str) -> str:
@@ -114,6 +123,7 @@ class Engine:
                 result.chunks += 1
                 if progress is not None:
                     progress.last = time.monotonic()
+                    progress.produced = True
                 if not isinstance(chunk, dict):
                     result.error = f"unexpected chunk {type(chunk).__name__}"
                     return True
@@ -230,7 +240,8 @@ class LlamaCppLLM(LLM):
     async def complete(self, request: LLMRequest) -> LLMResponse:
         engine = await self.load()
         cancel = threading.Event()
-        progress = Progress()
+        prompt_tokens = sum(len(m.content) for m in request.messages) / 4  # about 4 characters a token
+        progress = Progress(prompt_allowance_s=prompt_tokens / MIN_PROMPT_TOKENS_PER_S)
         job = asyncio.ensure_future(asyncio.to_thread(engine.chat, self.payload(request), cancel, progress))
         try:
             done = await self._watch(job, progress)
@@ -247,15 +258,16 @@ class LlamaCppLLM(LLM):
 
     async def _watch(self, job: asyncio.Future[Completion], progress: Progress) -> Completion:
         """Wait for ``job`` while it makes progress. A call waiting in the engine's queue is not stalled; one that
-        produced nothing for ``stall_timeout_s`` since it started or since its last token is (TimeoutError).
-        A slow machine makes calls slow, not failed: there is no cap on the whole call."""
+        produced nothing for ``stall_timeout_s`` since its last token is (TimeoutError), and so is one whose first
+        token took that plus its prompt allowance. A slow machine makes calls slow, not failed: there is no cap
+        on the whole call."""
         while True:
             done, _ = await asyncio.wait({job}, timeout=_WATCH_INTERVAL_S)
             if done:
                 return job.result()
-            limit = self.stall_timeout_s
-            if limit is None or progress.last is None:
+            if self.stall_timeout_s is None or progress.last is None:
                 continue
+            limit = self.stall_timeout_s + (0.0 if progress.produced else progress.prompt_allowance_s)
             idle = time.monotonic() - progress.last
             if idle > limit:
                 job.add_done_callback(lambda f: f.exception())  # the thread stops at its next token; reap it
