@@ -17,7 +17,6 @@ from typing import Any
 
 import jwt
 import pytest
-from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
@@ -32,6 +31,7 @@ from services.gateway.ratelimit import RateLimiter
 from services.settings import Settings
 from streams.codec import encode
 from streams.topics import TopicNames
+from tests.test_gateway import produce
 
 T0 = datetime(2024, 3, 2, 10, 0, tzinfo=UTC)
 ISSUER, AUDIENCE = "https://id.example.test/", "memstream"
@@ -101,15 +101,6 @@ def keys(settings: Settings, key_factory: Callable[..., str]) -> Keys:
 def message(user: str | None = "alice", text: str = "My locker code is 4711.") -> dict[str, Any]:
     body = {"speaker": "Anna", "text": text, "event_time": T0.isoformat()}
     return body if user is None else {**body, "user_id": user}
-
-
-async def produce(bootstrap: str, topic: str, value: bytes, key: bytes) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        await producer.send_and_wait(topic, value, key=key)
-    finally:
-        await producer.stop()
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
