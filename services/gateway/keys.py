@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import hashlib
 import hmac
-import json
 import os
 import re
 import secrets
@@ -158,9 +157,6 @@ class KeyStore:
                     return record
         raise KeyRequestError(f"no key {key_id!r}")
 
-    def is_empty(self) -> bool:
-        return not self.keys()
-
     def verify(self, presented: str) -> ApiKey | None:
         """The active key ``presented`` is, or None (unknown id, wrong secret, revoked)."""
         match = _KEY.match(presented)
@@ -191,7 +187,3 @@ def ensure_admin_key(settings: Settings) -> str | None:
 def create_key(settings: Settings, users: Sequence[str], scopes: Sequence[str], label: str = "") -> str:
     """A new key in the settings' key file (tests, benchmarks, ``memstream keys create --local``)."""
     return KeyStore.of(settings).create(users, scopes, label)[1]
-
-
-def dump_keys(keys: Sequence[ApiKey]) -> str:
-    return json.dumps([k.public() for k in keys], indent=2)
