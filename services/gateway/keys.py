@@ -25,8 +25,8 @@ from services.settings import Settings
 
 KEY_PREFIX = "msk_"
 _KEY = re.compile(r"^msk_([0-9a-f]{16})_([A-Za-z0-9_-]{32,128})$")
-# scrypt at 16 MiB and ~50 ms a check: the secrets are random (no dictionary to try), the cost only slows a thief
-# of the file; a verified key is remembered in memory, so a client pays it once per gateway process
+# scrypt at 16 MiB, ~60 ms a check on 2 busy cores: the secrets are random (no dictionary to try), the cost only
+# slows a thief of the file; a verified key is remembered in memory, so a client pays it once per gateway process
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "maxmem": 64 * 2**20, "dklen": 32}
 
 SCOPES = ("write", "ask", "read", "metrics", "admin")
