@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from memstream.broker import EmbeddedBroker, free_port  # noqa: E402
 from memstream.runtime import child_env  # noqa: E402
+from services.gateway.client import bearer  # noqa: E402
+from services.gateway.keys import create_key  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 
@@ -54,12 +56,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def load(url: str, posts: int, concurrency: int, tag: str) -> dict[str, Any]:
+async def load(url: str, posts: int, concurrency: int, tag: str, key: str) -> dict[str, Any]:
     latencies: list[float] = []
     counter = iter(range(posts))
 
     async def client(n: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=30.0) as http:
+        async with httpx.AsyncClient(base_url=url, timeout=30.0, headers=bearer(key)) as http:
             for i in counter:
                 body = {"user_id": f"u{i % 20}", "speaker": "Ana", "text": f"{tag} message {i} from client {n}."}
                 start = time.perf_counter()
@@ -108,7 +110,11 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
     for outbox in (False, True) * args.repeat:
         data_dir = Path(tempfile.mkdtemp(prefix="ack-latency-", dir=args.data_dir))
-        settings = Settings(_env_file=None, data_dir=data_dir, llm="scripted", kafka_idempotence=False)
+        # the accept path is measured, not the rate limit
+        settings = Settings(
+            _env_file=None, data_dir=data_dir, llm="scripted", kafka_idempotence=False, rate_writes_per_min=0
+        )
+        key = create_key(settings, ["*"], ["write"], label="benchmark")
         async with EmbeddedBroker(data_dir / "broker") as broker:
             port = free_port()
             env = child_env(settings, broker.bootstrap, None, embedded=True)
@@ -117,7 +123,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 url = f"http://127.0.0.1:{port}"
                 await wait_healthy(url, process)
                 for concurrency in (1, args.concurrency):
-                    result = {"outbox": outbox, **await load(url, args.posts, concurrency, f"c{concurrency}")}
+                    result = {"outbox": outbox, **await load(url, args.posts, concurrency, f"c{concurrency}", key)}
                     print(json.dumps(result), flush=True)
                     results.append(result)
             finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -24,6 +25,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from services.gateway.keys import create_key  # noqa: E402
 from tests.conftest import make_settings  # noqa: E402
 from tests.test_durability import Up, alive, kill_all, post_messages, stats, wait_for  # noqa: E402
 
@@ -48,6 +50,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="fault-restart-"))
     (work / "data").mkdir()
     settings = make_settings(work / "data")
+    os.environ["MEMSTREAM_API_KEY"] = create_key(settings, ["*"], ["admin"], label="benchmark")  # the helpers send it
 
     first = Up(settings, work / "up-1.log")
     first.start()

@@ -42,6 +42,8 @@ from ingest import load_messages, settings_for
 
 from memstream.runtime import Stack
 from schemas.events import ChatMessage, MemoryUpdate
+from services.gateway.client import bearer
+from services.gateway.keys import create_key
 from streams.codec import encode
 from streams.topics import TopicNames
 
@@ -123,7 +125,8 @@ async def run_once(mode: str, messages: list[ChatMessage], hook_dir: Path) -> di
                 elapsed = time.perf_counter() - started
                 cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
                 # proof of the switch: what the pipeline's metrics say it memorized (0 when off)
-                async with httpx.AsyncClient(timeout=10) as http:
+                metrics_key = create_key(settings, ["*"], ["metrics"], label="benchmark")
+                async with httpx.AsyncClient(timeout=10, headers=bearer(metrics_key)) as http:
                     exported = (await http.get(f"{stack.url}/metrics")).text
                 counted = sum(
                     float(line.rsplit(" ", 1)[1])

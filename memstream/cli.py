@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,6 +31,13 @@ app = typer.Typer(
 UrlOption = Annotated[
     str | None,
     typer.Option("--url", envvar="MEMSTREAM_URL", help="gateway URL (default: http://MEMSTREAM_HOST:MEMSTREAM_PORT)"),
+]
+
+KeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--key", envvar="MEMSTREAM_API_KEY", help="API key (msk_...) or bearer token; `memstream up` prints one"
+    ),
 ]
 
 
@@ -87,21 +96,55 @@ def up(
     """Start the broker (embedded unless MEMSTREAM_BROKER is set), the worker(s) and the gateway; Ctrl-C stops."""
     from memstream.runtime import StartupError
     from memstream.runtime import up as run_up
+    from services.gateway.keys import ensure_admin_key, keys_file
 
     settings = _settings()
     gateway_host, gateway_port = host or settings.host, port or settings.port
     log_dir = settings.data_dir / "logs"
+    admin_key = ensure_admin_key(settings)
+    if admin_key is not None:
+        typer.secho(
+            f"admin API key (shown this once; only its hash is kept, in {keys_file(settings)}):\n  {admin_key}\n"
+            "  export MEMSTREAM_API_KEY=<it> for the CLI; `memstream keys create` makes keys for users",
+            fg=typer.colors.YELLOW,
+        )
 
     async def on_ready(url: str) -> None:
         typer.echo(f"memstream is up: {url}  (logs in {log_dir}; Ctrl-C stops)")
         if demo:
-            await _demo(url, log_dir, memorize_timeout_s=demo_memorize_timeout, answer_timeout_s=demo_answer_timeout)
+            with _demo_key(settings, admin_key) as key:
+                await _demo(
+                    url,
+                    log_dir,
+                    memorize_timeout_s=demo_memorize_timeout,
+                    answer_timeout_s=demo_answer_timeout,
+                    api_key=key,
+                )
 
     try:
         asyncio.run(run_up(settings, gateway_host, gateway_port, workers, on_ready))
     except StartupError as exc:
         raise _fail(f"memstream up failed: {exc}") from exc
     typer.echo("memstream stopped")
+
+
+@contextlib.contextmanager
+def _demo_key(settings: Settings, admin_key: str | None) -> Iterator[str]:
+    """The key the demo uses: the admin key just made, MEMSTREAM_API_KEY, or else a key for the demo user alone,
+    revoked when the demo ends."""
+    from services.gateway.keys import KeyStore
+    from services.ingest.sample import DEMO_USER
+
+    given = admin_key or os.environ.get("MEMSTREAM_API_KEY")
+    if given:
+        yield given
+        return
+    store = KeyStore.of(settings)
+    record, key = store.create([DEMO_USER], ["write", "ask", "read", "metrics"], label="demo (revoked after it)")
+    try:
+        yield key
+    finally:
+        store.revoke(record.key_id)
 
 
 async def _demo(
@@ -114,6 +157,7 @@ async def _demo(
     poll_s: float = 2.0,
     echo: Callable[[str], None] = typer.echo,
     transport: httpx.AsyncBaseTransport | None = None,
+    api_key: str | None = None,
 ) -> bool:
     """Send the sample chat, wait until each message is memorized or dead-lettered (``memorize_timeout_s``), show
     what memory holds and what failed, then ask the sample question and wait for the answer (``answer_timeout_s``).
@@ -123,7 +167,9 @@ async def _demo(
 
     messages = demo_messages()
     logs = f"{log_dir} (worker-*.log: memorize and QA, gateway.log)" if log_dir else "the worker's log"
-    async with httpx.AsyncClient(base_url=url, timeout=60.0, transport=transport) as http:
+    from services.gateway.client import bearer
+
+    async with httpx.AsyncClient(base_url=url, timeout=60.0, transport=transport, headers=bearer(api_key)) as http:
         run = _DemoRun(http, echo, progress_every_s, poll_s)
         before = await run.dead_letter_records(DEMO_USER)
         body = [m.model_dump(mode="json", exclude={"ingest_time"}) for m in messages]
@@ -359,6 +405,7 @@ def ingest(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="LoCoMo JSON or JSONL chat file")],
     user: UserOption,
     url: UrlOption = None,
+    key: KeyOption = None,
     fmt: Annotated[FileFormat, typer.Option("--format", help="file format")] = FileFormat.AUTO,
     sample: Annotated[list[str] | None, typer.Option(help="LoCoMo sample_id to ingest (repeatable)")] = None,
     batch: Annotated[int, typer.Option(min=1, max=1000, help="messages per request")] = 100,
@@ -374,7 +421,8 @@ def ingest(
         raise _fail(str(exc)) from exc
     if not messages:
         raise _fail(f"{file}: no messages found")
-    with GatewayClient(_url(settings, url)) as client, tqdm(total=len(messages), unit="msg", desc="ingest") as bar:
+    client = GatewayClient(_url(settings, url), api_key=key)
+    with client, tqdm(total=len(messages), unit="msg", desc="ingest") as bar:
         try:
             for start in range(0, len(messages), batch):
                 chunk = messages[start : start + batch]
@@ -400,6 +448,7 @@ def ask(
     decomposition: Annotated[bool | None, typer.Option("--decomposition/--no-decomposition")] = None,
     episodic: Annotated[bool | None, typer.Option("--episodic/--no-episodic", help="episode text in context")] = None,
     url: UrlOption = None,
+    key: KeyOption = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the answer")] = 300.0,
 ) -> None:
     """Ask a question about a user's memory and print the answer."""
@@ -416,7 +465,7 @@ def ask(
     fields: dict[str, Any] = {"options": {k: v for k, v in options.items() if v is not None}}
     if as_of is not None:
         fields["as_of"] = as_of if "T" in as_of else f"{as_of}T00:00:00Z"
-    with GatewayClient(_url(settings, url)) as client:
+    with GatewayClient(_url(settings, url), api_key=key) as client:
         try:
             query_id = client.ask(user, question, **fields)
             if trace:
@@ -454,12 +503,13 @@ def stats(
     user: UserOption,
     as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
     url: UrlOption = None,
+    key: KeyOption = None,
 ) -> None:
     """Counts of a user's vertices by kind, edges by kind, valid and invalidated theses."""
     from services.gateway.client import GatewayClient, GatewayError
 
     settings = _settings()
-    with GatewayClient(_url(settings, url)) as client:
+    with GatewayClient(_url(settings, url), api_key=key) as client:
         try:
             result: dict[str, Any] = client.stats(user)
         except GatewayError as exc:
@@ -495,13 +545,14 @@ def dead_letters_list(
     payload: Annotated[bool, typer.Option("--payload", help="with the original event (JSON output)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
     url: UrlOption = None,
+    key: KeyOption = None,
 ) -> None:
     """Dead letters, newest first: what failed, why, and whether it was replayed."""
     from services.gateway.client import GatewayClient, GatewayError
 
     settings = _settings()
     letters: list[dict[str, Any]] = []
-    with GatewayClient(_url(settings, url)) as client:
+    with GatewayClient(_url(settings, url), api_key=key) as client:
         try:
             while True:
                 page = client.dead_letters(
@@ -548,6 +599,7 @@ def dead_letters_replay(
     user: Annotated[str | None, typer.Option("--user", "-u", help="with --all: only this user's")] = None,
     reason: Annotated[str | None, typer.Option(help="with --all: only this reason")] = None,
     url: UrlOption = None,
+    key: KeyOption = None,
     wait: Annotated[float, typer.Option(help="seconds to wait for a gateway still reading the topic")] = 60.0,
 ) -> None:
     """Put dead-lettered events back on their topics, with the same event ids, to be processed again."""
@@ -560,7 +612,7 @@ def dead_letters_replay(
     settings = _settings()
     replayed: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
-    with GatewayClient(_url(settings, url)) as client:
+    with GatewayClient(_url(settings, url), api_key=key) as client:
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -588,6 +640,109 @@ def dead_letters_replay(
     typer.echo(
         f"{len(replayed)} event(s) back on their topics; a new failure shows up again in `memstream dead-letters list`"
     )
+
+
+keys_app = typer.Typer(
+    name="keys",
+    help="API keys (admin): make one for some users and scopes, list them, revoke one.",
+    no_args_is_help=True,
+)
+app.add_typer(keys_app)
+
+LocalOption = Annotated[
+    bool,
+    typer.Option(
+        "--local", help="work on the key file under MEMSTREAM_DATA_DIR directly, not through the gateway (operators)"
+    ),
+]
+
+
+def _key_line(record: dict[str, Any]) -> str:
+    revoked = f"revoked {str(record['revoked_at'])[:19]}" if record.get("revoked_at") else "active"
+    return (
+        f"{record['key_id']}  {revoked:<27} users={','.join(record['users'])}  scopes={','.join(record['scopes'])}"
+        f"  created {str(record['created_at'])[:19]}  {record.get('label', '')}"
+    )
+
+
+@keys_app.command("create")
+def keys_create(
+    user: Annotated[list[str], typer.Option("--user", "-u", help='a user the key acts for (repeatable; "*": all)')],
+    scope: Annotated[str, typer.Option(help="comma-separated: write, ask, read, metrics, admin")] = "write,ask,read",
+    label: Annotated[str, typer.Option(help="a note: whose key, what for")] = "",
+    local: LocalOption = False,
+    url: UrlOption = None,
+    key: KeyOption = None,
+) -> None:
+    """Make an API key and print it (once: only its hash is kept)."""
+    from services.gateway.client import GatewayClient, GatewayError
+    from services.gateway.keys import KeyRequestError, KeyStore
+
+    settings = _settings()
+    scopes = [s.strip() for s in scope.split(",") if s.strip()]
+    try:
+        if local:
+            record, made = KeyStore.of(settings).create(user, scopes, label)
+            created: dict[str, Any] = {**record.public(), "key": made}
+        else:
+            with GatewayClient(_url(settings, url), api_key=key) as client:
+                created = client.create_key(user, scopes, label)
+    except (GatewayError, KeyRequestError) as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(_key_line(created), err=True)
+    typer.echo(created["key"])
+
+
+@keys_app.command("list")
+def keys_list(
+    as_json: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+    local: LocalOption = False,
+    url: UrlOption = None,
+    key: KeyOption = None,
+) -> None:
+    """Every key: id, users, scopes, when made, whether revoked (never the key itself)."""
+    from services.gateway.client import GatewayClient, GatewayError
+    from services.gateway.keys import KeyStore
+
+    settings = _settings()
+    if local:
+        records = [k.public() for k in KeyStore.of(settings).keys().values()]
+    else:
+        with GatewayClient(_url(settings, url), api_key=key) as client:
+            try:
+                records = client.list_keys()
+            except GatewayError as exc:
+                raise _fail(str(exc)) from exc
+    if as_json:
+        typer.echo(json.dumps(records, indent=2))
+        return
+    for record in records:
+        typer.echo(_key_line(record))
+    if not records:
+        typer.echo("no keys")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="the key's id (`memstream keys list`)")],
+    local: LocalOption = False,
+    url: UrlOption = None,
+    key: KeyOption = None,
+) -> None:
+    """Revoke a key: from the next request on it is refused (401) by every gateway reading the key file."""
+    from services.gateway.client import GatewayClient, GatewayError
+    from services.gateway.keys import KeyRequestError, KeyStore
+
+    settings = _settings()
+    try:
+        if local:
+            record = KeyStore.of(settings).revoke(key_id).public()
+        else:
+            with GatewayClient(_url(settings, url), api_key=key) as client:
+                record = client.revoke_key(key_id)
+    except (GatewayError, KeyRequestError) as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(_key_line(record))
 
 
 def main() -> None:

@@ -83,6 +83,20 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="how often the gateway prunes memorized events from its outbox"
     )
 
+    # Authentication: API keys (hashed in a file) and OIDC/JWT bearer tokens; see docs/security.md
+    auth_keys_file: Path | None = Field(default=None, description="API key hashes (unset: data_dir/auth/api-keys.json)")
+    oidc_issuer: str | None = Field(default=None, description="accepted JWT issuer (iss); unset: no JWTs accepted")
+    oidc_audience: str | None = Field(default=None, description="required JWT audience (aud)")
+    oidc_jwks_url: str | None = Field(default=None, description="the issuer's JWKS URL")
+    oidc_jwks_file: Path | None = Field(default=None, description="a JWKS file, instead of the URL")
+    oidc_algorithms: list[str] = Field(default=["RS256", "ES256"], description="accepted JWT signature algorithms")
+    oidc_users_claim: str = Field(default="memstream_users", description="claim with the users a token acts for")
+    oidc_scopes_claim: str = Field(default="scope", description="claim with the token's scopes (space-separated)")
+    oidc_leeway_s: float = Field(default=30.0, ge=0, description="clock skew allowed on exp/nbf/iat")
+    metrics_public: bool = Field(default=False, description="/metrics without a credential")
+    rate_writes_per_min: int = Field(default=6000, ge=0, description="events a credential writes a minute (0: any)")
+    rate_questions_per_min: int = Field(default=60, ge=0, description="questions a credential asks a minute (0: any)")
+
     # QA
     qa_engine: Literal["planning", "simple"] = Field(
         default="planning", description="PAI-2 planning pipeline, or one retrieve-and-answer call"

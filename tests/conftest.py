@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
 from memstream.broker import EmbeddedBroker, free_port
+from services.gateway.keys import create_key
 from services.settings import Settings
 
 SCRIPTED_LLM = "services.llm.scripted:rule_based_llm"
@@ -61,3 +64,29 @@ def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
         yield instance
     finally:
         instance.stop()
+
+
+def api_key(settings: Settings, users: Sequence[str] = ("*",), scopes: Sequence[str] = ("admin",)) -> str:
+    """A new API key in the settings' key file (default: an admin key for every user)."""
+    return create_key(settings, users, scopes, label="test")
+
+
+@pytest.fixture(scope="session")
+def key_factory() -> Callable[..., str]:
+    """``api_key(settings, users=("*",), scopes=("admin",))``: a new API key in the settings' key file."""
+    return api_key
+
+
+@contextlib.contextmanager
+def _admin_key_in_env(settings: Settings) -> Iterator[str]:
+    with pytest.MonkeyPatch.context() as patch:
+        key = api_key(settings)
+        patch.setenv("MEMSTREAM_API_KEY", key)
+        yield key
+
+
+@pytest.fixture(scope="session")
+def admin_key_env() -> Callable[[Settings], AbstractContextManager[str]]:
+    """``with admin_key_env(settings) as key:`` an admin key for a test stack, in ``MEMSTREAM_API_KEY`` while the
+    block runs: the CLI and ``GatewayClient`` send it, as they would for a user who exported it."""
+    return _admin_key_in_env

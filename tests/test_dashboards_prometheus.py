@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from prometheus_client import REGISTRY
 from memstream.broker import free_port
 from memstream.runtime import Stack
 from schemas.events import ChatMessage
-from services.gateway.client import GatewayClient
+from services.gateway.client import GatewayClient, bearer
 from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM, rule_answer, rule_extract
 from services.ports import LLMRequest
 from services.settings import Settings
@@ -168,7 +169,11 @@ def test_the_prometheus_configuration_is_valid() -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, settings_factory: Callable[..., Settings]) -> Iterator[Stack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    settings_factory: Callable[..., Settings],
+    admin_key_env: Callable[[Settings], AbstractContextManager[str]],
+) -> Iterator[Stack]:
     settings = settings_factory(
         tmp_path_factory.mktemp("prom"),
         batch_wait_s=0.1,
@@ -180,7 +185,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, settings_factory: Callable[.
         running = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=60)
         asyncio.run(running.start())
     try:
-        yield running
+        with admin_key_env(settings):
+            yield running
     finally:
         running.stop()
 
@@ -193,6 +199,8 @@ def prometheus(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     config = yaml.safe_load((DASHBOARDS / "prometheus.yml").read_text())
     config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = "1s"
     config["scrape_configs"][0]["static_configs"][0]["targets"] = [f"{stack.host}:{stack.port}"]
+    (folder / "memstream-metrics.key").write_text(os.environ["MEMSTREAM_API_KEY"])  # /metrics needs a credential
+    config["scrape_configs"][0]["authorization"]["credentials_file"] = str(folder / "memstream-metrics.key")
     (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -248,6 +256,11 @@ def wait_until(condition: Callable[[], bool], what: str, stack: Stack, timeout_s
         time.sleep(0.2)  # poll interval of a deadline wait
 
 
+def as_admin() -> dict[str, str]:
+    """The stack's admin key (``admin_key_env`` put it in the environment)."""
+    return bearer(os.environ["MEMSTREAM_API_KEY"])
+
+
 def wave(stack: Stack, n: int) -> None:
     """Ingest (with a poison message, garbage on the topic and an invalid request), then ask (with failures)."""
     now = datetime.now(UTC)
@@ -265,7 +278,8 @@ def wave(stack: Stack, n: int) -> None:
             ]
         )
         asyncio.run(send_garbage(stack))
-        assert httpx.post(f"{stack.url}/v1/messages", json=[{"user_id": "alice"}]).status_code == 422
+        invalid = httpx.post(f"{stack.url}/v1/messages", json=[{"user_id": "alice"}], headers=as_admin())
+        assert invalid.status_code == 422
         wait_until(lambda: client.stats("alice")["events"] >= 2 * n, "memorized", stack)
 
         stream_trace(stack, "alice", "Where does Anna work?")
@@ -282,15 +296,12 @@ def wave(stack: Stack, n: int) -> None:
 
 def stream_trace(stack: Stack, user: str, question: str) -> None:
     """Ask while following the trace stream to its end (the trace-stream panel counts these)."""
-    query_id = f"q-stream-{time.monotonic_ns()}"
-    with (
-        httpx.Client(base_url=stack.url, timeout=60) as http,
-        http.stream("GET", f"/v1/traces/{query_id}/stream", params={"user_id": user}) as response,
-    ):
-        http.post("/v1/questions", json={"user_id": user, "question": question, "event_id": query_id})
-        for line in response.iter_lines():
-            if line == "event: end":
-                break
+    with httpx.Client(base_url=stack.url, timeout=60, headers=as_admin()) as http:
+        query_id = http.post("/v1/questions", json={"user_id": user, "question": question}).json()["query_id"]
+        with http.stream("GET", f"/v1/traces/{query_id}/stream", params={"user_id": user}) as response:
+            for line in response.iter_lines():
+                if line == "event: end":
+                    break
 
 
 async def send_garbage(stack: Stack) -> None:
@@ -308,7 +319,7 @@ async def send_garbage(stack: Stack) -> None:
 def test_every_panel_query_returns_data_from_a_running_pipeline(stack: Stack, prometheus: str) -> None:
     wave(stack, 1)
     # Wave 1's series must be in Prometheus before wave 2 adds to them: rates and quantiles need an increase.
-    exported = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    exported = httpx.get(f"{stack.url}/metrics", timeout=10, headers=as_admin()).text
     answers = sum(float(v) for v in re.findall(r"^memstream_qa_answers_total\{[^}]*\} (\S+)$", exported, re.M))
     assert answers >= 5
     wait_until(lambda: sum(query(prometheus, "memstream_qa_answers_total")) >= answers, "wave 1 scraped", stack)

@@ -15,6 +15,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from memstream.cli import app as cli
 from memstream.runtime import Stack
 from schemas.events import ChatMessage, DeadLetter, Document
 from services.gateway.app import create_app
-from services.gateway.client import GatewayClient
+from services.gateway.client import GatewayClient, bearer
 from services.gateway.dead_letters import DeadLetterBook, DeadLetterStatus
 from services.llm.scripted import ScriptedLLM, rule_based_llm
 from services.logging import configure_logging
@@ -192,7 +193,7 @@ def topics(settings: Settings) -> TopicNames:
 
 @pytest.fixture
 def with_letters(
-    broker: EmbeddedBroker, settings: Settings, topics: TopicNames
+    broker: EmbeddedBroker, settings: Settings, topics: TopicNames, key_factory: Callable[..., str]
 ) -> Iterator[Callable[[list[DeadLetter]], TestClient]]:
     """Put dead letters on the topic, then start a gateway and wait until it has read them all."""
     clients: list[TestClient] = []
@@ -200,7 +201,7 @@ def with_letters(
     def start(letters: list[DeadLetter]) -> TestClient:
         asyncio.run(ensure_topics(settings, broker.bootstrap))
         asyncio.run(produce_all(broker.bootstrap, topics.dead_letters, letters))
-        client = TestClient(create_app(settings, broker.bootstrap))
+        client = TestClient(create_app(settings, broker.bootstrap), headers=bearer(key_factory(settings)))
         client.__enter__()
         clients.append(client)
         wait_for(lambda: listed(client)["complete"], "the gateway read the dead-letter topic")
@@ -372,7 +373,10 @@ def poison(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(
-    tmp_path_factory: pytest.TempPathFactory, settings_factory: Callable[..., Settings], poison: Path
+    tmp_path_factory: pytest.TempPathFactory,
+    settings_factory: Callable[..., Settings],
+    poison: Path,
+    admin_key_env: Callable[[Settings], AbstractContextManager[str]],
 ) -> Iterator[Stack]:
     settings = settings_factory(
         tmp_path_factory.mktemp("dead-letters"),
@@ -385,7 +389,8 @@ def stack(
         running = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=60)
         asyncio.run(running.start())
     try:
-        yield running
+        with admin_key_env(settings):
+            yield running
     finally:
         running.stop()
 
@@ -456,6 +461,7 @@ def test_the_demo_shows_progress_and_what_failed(stack: Stack, poison: Path) -> 
             progress_every_s=15,
             poll_s=0.1,
             echo=lines.append,
+            api_key=os.environ["MEMSTREAM_API_KEY"],
         )
     )
     text = "\n".join(lines)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from memstream.runtime import PROJECT_ROOT, settings_env
+from services.gateway.client import bearer
 from services.settings import Settings
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -123,23 +125,34 @@ class Up:
 
 
 @pytest.fixture
-def up_factory(settings: Settings, tmp_path: Path) -> Iterator[Callable[..., Up]]:
+def up_factory(
+    settings: Settings, tmp_path: Path, admin_key_env: Callable[[Settings], AbstractContextManager[str]]
+) -> Iterator[Callable[..., Up]]:
     started: list[Up] = []
+    key = admin_key_env(settings)  # in MEMSTREAM_API_KEY; with a key there, `up` makes no admin key of its own
+    key.__enter__()
 
     def make(workers: int = 1) -> Up:
         up = Up(settings, tmp_path / f"up-{len(started)}.log", workers)
         started.append(up)
         return up
 
-    yield make
-    for up in started:
-        up.stop()
+    try:
+        yield make
+    finally:
+        for up in started:
+            up.stop()
+        key.__exit__(None, None, None)
+
+
+def as_admin() -> dict[str, str]:
+    return bearer(os.environ["MEMSTREAM_API_KEY"])
 
 
 def post_messages(url: str, per_user: int, users: Sequence[str] = USERS) -> dict[str, list[str]]:
     """``per_user`` messages of each user, 5 per request, interleaved; every request answered 202."""
     accepted: dict[str, list[str]] = {u: [] for u in users}
-    with httpx.Client(base_url=url, timeout=30.0) as http:
+    with httpx.Client(base_url=url, timeout=30.0, headers=as_admin()) as http:
         for start in range(0, per_user, 5):
             for user in users:
                 batch = [
@@ -177,7 +190,7 @@ def kill_all(pids: list[int], sig: signal.Signals) -> None:
 
 
 def stats(url: str, user: str) -> dict[str, Any]:
-    with httpx.Client(base_url=url, timeout=10.0) as http:
+    with httpx.Client(base_url=url, timeout=10.0, headers=as_admin()) as http:
         response = http.get(f"/v1/stats/{user}")
         response.raise_for_status()
         return dict(response.json())

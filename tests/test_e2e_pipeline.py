@@ -10,6 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,12 +44,17 @@ CONVERSATION = [
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, settings_factory: Callable[..., Settings]) -> Iterator[Stack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    settings_factory: Callable[..., Settings],
+    admin_key_env: Callable[[Settings], AbstractContextManager[str]],
+) -> Iterator[Stack]:
     settings = settings_factory(tmp_path_factory.mktemp("e2e"), batch_wait_s=0.2)
     running = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=60)
     asyncio.run(running.start())
     try:
-        yield running
+        with admin_key_env(settings):
+            yield running
     finally:
         running.stop()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +17,7 @@ from memstream.broker import EmbeddedBroker
 from schemas.events import Answer, AnswerStatus, ChatMessage, DeadLetter, MemoryUpdate, Query, StageEvent
 from services.container import Services, build_services
 from services.gateway.app import create_app
+from services.gateway.client import bearer
 from services.llm.scripted import rule_based_llm
 from services.settings import Settings
 from streams.codec import encode
@@ -52,8 +53,8 @@ async def produce(bootstrap: str, topic: str, value: bytes, key: bytes | None = 
 
 
 @pytest.fixture
-def gateway(broker: EmbeddedBroker, settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, broker.bootstrap)) as client:
+def gateway(broker: EmbeddedBroker, settings: Settings, key_factory: Callable[..., str]) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, broker.bootstrap), headers=bearer(key_factory(settings))) as client:
         yield client
 
 

@@ -23,6 +23,7 @@ from test_poison import FAR_FUTURE, JSON_VALUES, deep
 from memstream.broker import EmbeddedBroker, free_port
 from schemas.validation import MAX_JSON_DEPTH
 from services.gateway.app import create_app
+from services.gateway.client import bearer
 from services.settings import Settings
 
 pytestmark = pytest.mark.server
@@ -69,6 +70,12 @@ def gateway_settings(tmp_path_factory: pytest.TempPathFactory, settings_factory:
 
 
 @pytest.fixture(scope="module")
+def admin(gateway_settings: Settings, key_factory: Any) -> dict[str, str]:
+    """The Authorization header of an admin key: the fuzzing is of the input, not of the credential."""
+    return bearer(key_factory(gateway_settings))
+
+
+@pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     instance = EmbeddedBroker(tmp_path_factory.mktemp("fuzz-broker"))
     asyncio.run(instance.start())
@@ -79,9 +86,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 
 
 @pytest.fixture(scope="module")
-def client(broker: EmbeddedBroker, gateway_settings: Settings) -> Iterator[TestClient]:
+def client(broker: EmbeddedBroker, gateway_settings: Settings, admin: dict[str, str]) -> Iterator[TestClient]:
     app = create_app(gateway_settings, broker.bootstrap)
-    with TestClient(app) as test_client:
+    with TestClient(app, headers=admin) as test_client:
         deadline = time.monotonic() + 20
         while not test_client.get("/v1/dead-letters").json()["complete"]:  # until then replay answers 503
             assert time.monotonic() < deadline, "the dead-letter feed never caught up"
@@ -213,13 +220,13 @@ KEEP_ALIVE_CASES: list[tuple[str, bytes, str | None, int]] = [
 ]
 
 
-def test_a_real_server_answers_4xx_and_keeps_the_connection(server: str) -> None:
+def test_a_real_server_answers_4xx_and_keeps_the_connection(server: str, admin: dict[str, str]) -> None:
     connection = http.client.HTTPConnection(server, timeout=30)
     try:
         connection.connect()
         sock = connection.sock
         for path, body, ctype, expected in KEEP_ALIVE_CASES:
-            headers = {"content-type": ctype} if ctype else {}
+            headers = ({"content-type": ctype} if ctype else {}) | admin
             connection.request("POST", path, body=body, headers=headers)
             response = connection.getresponse()
             text = response.read()
@@ -231,12 +238,12 @@ def test_a_real_server_answers_4xx_and_keeps_the_connection(server: str) -> None
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_a_body_over_the_limit_gets_413_declared_or_not(server: str, chunked: bool) -> None:
+def test_a_body_over_the_limit_gets_413_declared_or_not(server: str, chunked: bool, admin: dict[str, str]) -> None:
     connection = http.client.HTTPConnection(server, timeout=30)
     chunks = [b"x" * 65536] * (BODY_LIMIT // 65536 + 1)
     body: Any = iter(chunks) if chunked else b"".join(chunks)
     try:
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json"} | admin
         connection.request("POST", "/v1/messages", body=body, headers=headers, encode_chunked=chunked)
         response = connection.getresponse()
         assert response.status == 413

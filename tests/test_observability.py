@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,7 +26,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from memstream.broker import EmbeddedBroker
 from memstream.runtime import Stack
 from schemas.events import Answer, AnswerStatus, EvidenceTriplet, Query, StageEvent, StageStatus
-from services.gateway.client import GatewayClient
+from services.gateway.client import GatewayClient, bearer
 from services.logging import configure_logging, get_logger
 from services.observability.context import bind, log_context
 from services.observability.lag import LagSensor
@@ -338,20 +340,25 @@ CONVERSATION = [
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, settings_factory: Callable[..., Settings]) -> Iterator[Stack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    settings_factory: Callable[..., Settings],
+    admin_key_env: Callable[[Settings], AbstractContextManager[str]],
+) -> Iterator[Stack]:
     settings = settings_factory(tmp_path_factory.mktemp("obs"), batch_wait_s=0.1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MEMSTREAM_OBS_LAG_INTERVAL_S", "0.5")  # the children inherit it
         running = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=60)
         asyncio.run(running.start())
     try:
-        with GatewayClient(running.url) as client:
-            now = datetime.now(UTC)
-            client.post_messages(
-                [_message(f"obs-{n}", speaker, text, now) for n, (speaker, text) in enumerate(CONVERSATION)]
-            )
-            wait_until(lambda: client.stats("alice")["events"] == len(CONVERSATION), "memorized", running)
-        yield running
+        with admin_key_env(settings):
+            with GatewayClient(running.url) as client:
+                now = datetime.now(UTC)
+                client.post_messages(
+                    [_message(f"obs-{n}", speaker, text, now) for n, (speaker, text) in enumerate(CONVERSATION)]
+                )
+                wait_until(lambda: client.stats("alice")["events"] == len(CONVERSATION), "memorized", running)
+            yield running
     finally:
         running.stop()
 
@@ -360,6 +367,11 @@ def _message(event_id: str, speaker: str, text: str, when: datetime) -> Any:
     from schemas.events import ChatMessage
 
     return ChatMessage(event_id=event_id, user_id="alice", event_time=when, speaker=speaker, text=text)
+
+
+def as_admin() -> dict[str, str]:
+    """The stack's admin key (``admin_key_env`` put it in the environment)."""
+    return bearer(os.environ["MEMSTREAM_API_KEY"])
 
 
 def wait_until(condition: Callable[[], bool], what: str, stack: Stack, timeout_s: float = 30.0) -> None:
@@ -376,16 +388,15 @@ def streamed(stack: Stack) -> dict[str, Any]:
 
     async def run() -> dict[str, Any]:
         events: list[dict[str, Any]] = []
-        async with httpx.AsyncClient(base_url=stack.url, timeout=30) as http:
-            url = "/v1/traces/q-obs-1/stream"
+        async with httpx.AsyncClient(base_url=stack.url, timeout=30, headers=as_admin()) as http:
+            # the server makes the query id; the stream, opened at once, replays what happened before it
+            asked = await http.post("/v1/questions", json={"user_id": "alice", "question": "Where does Anna work now?"})
+            assert asked.status_code == 202
+            query_id = asked.json()["query_id"]
+            url = f"/v1/traces/{query_id}/stream"
             async with http.stream("GET", url, params={"user_id": "alice"}) as response:
                 assert response.status_code == 200
                 assert response.headers["content-type"].startswith("text/event-stream")
-                asked = await http.post(
-                    "/v1/questions",
-                    json={"user_id": "alice", "question": "Where does Anna work now?", "event_id": "q-obs-1"},
-                )
-                assert asked.status_code == 202
                 current: dict[str, Any] = {}
                 async for line in response.aiter_lines():
                     if line.startswith("event: "):
@@ -399,7 +410,7 @@ def streamed(stack: Stack) -> dict[str, Any]:
                         if current.get("event") == "end":
                             break
                         current = {}
-        return {"events": events}
+        return {"events": events, "query_id": query_id}
 
     return asyncio.run(asyncio.wait_for(run(), 60))
 
@@ -424,12 +435,13 @@ def test_a_question_streams_its_stages_live_then_its_answer(streamed: dict[str, 
 @pytest.mark.server
 @pytest.mark.slow
 def test_traces_and_graph_neighbourhoods_are_scoped_to_their_user(stack: Stack, streamed: dict[str, Any]) -> None:
-    with httpx.Client(base_url=stack.url, timeout=30) as http:
-        trace = http.get("/v1/traces/q-obs-1").json()
-        assert trace["query_id"] == "q-obs-1" and trace["user_id"] == "alice" and trace["question"]
+    query_id = streamed["query_id"]
+    with httpx.Client(base_url=stack.url, timeout=30, headers=as_admin()) as http:
+        trace = http.get(f"/v1/traces/{query_id}").json()
+        assert trace["query_id"] == query_id and trace["user_id"] == "alice" and trace["question"]
         assert trace["trace_id"] == trace["timeline"][0]["trace_id"]
-        assert http.get("/v1/traces/q-obs-1", params={"user_id": "alice"}).status_code == 200
-        assert http.get("/v1/traces/q-obs-1", params={"user_id": "mallory"}).status_code == 404
+        assert http.get(f"/v1/traces/{query_id}", params={"user_id": "alice"}).status_code == 200
+        assert http.get(f"/v1/traces/{query_id}", params={"user_id": "mallory"}).status_code == 404
         assert http.get("/v1/traces/no-such-query").status_code == 404
 
         evidence = [e["id"] for e in trace["final_evidence"]]
@@ -461,15 +473,16 @@ def test_worker_and_gateway_write_json_logs_with_the_ids_bound(stack: Stack, str
     worker = lines("worker-1")
     trace_id = streamed["events"][-1]["data"]["trace_id"]
     # the LLM layer logs without knowing the query: the ids come from the bound context
-    calls = [line for line in worker if line["event"] == "llm_call" and line.get("query_id") == "q-obs-1"]
-    assert calls and all((c["user_id"], c["event_id"], c["trace_id"]) == ("alice", "q-obs-1", trace_id) for c in calls)
+    query_id = streamed["query_id"]
+    calls = [line for line in worker if line["event"] == "llm_call" and line.get("query_id") == query_id]
+    assert calls and all((c["user_id"], c["event_id"], c["trace_id"]) == ("alice", query_id, trace_id) for c in calls)
     memorized = {e for line in worker if line["event"] == "memorized" for e in line.get("event_ids", [])}
     assert {"obs-0", "obs-1"} <= memorized
     assert any(line.get("logger", "").startswith("faust") for line in worker)  # library records are JSON too
 
     gateway = lines("gateway")
     opened = [line for line in gateway if line["event"] == "trace_stream_opened"]
-    assert opened and opened[0]["query_id"] == "q-obs-1" and opened[0]["path"].endswith("/stream")
+    assert opened and opened[0]["query_id"] == query_id and opened[0]["path"].endswith("/stream")
     assert len(opened[0]["request_id"]) == 32
 
 
@@ -479,7 +492,7 @@ def test_metrics_cover_lag_qa_and_traces(stack: Stack, streamed: dict[str, Any])
     from prometheus_client.parser import text_string_to_metric_families
 
     def samples() -> dict[str, list[Any]]:
-        text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+        text = httpx.get(f"{stack.url}/metrics", timeout=10, headers=as_admin()).text
         return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
     wait_until(lambda: "memstream_consumer_lag" in samples(), "lag sampled", stack)

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -239,7 +240,11 @@ class Browser:
             await asyncio.sleep(0.1)  # poll interval of a deadline wait
         return value
 
-    async def open(self, url: str) -> None:
+    async def open(self, url: str, key: str | None = None) -> None:
+        """Load ``url`` with an API key in the tab's sessionStorage, as if typed (default: the stack's admin key)."""
+        key = key or os.environ["MEMSTREAM_API_KEY"]
+        source = f"sessionStorage.setItem('memstream.key', {json.dumps(key)});"
+        await self.send("Page.addScriptToEvaluateOnNewDocument", source=source)
         await self.send("Page.navigate", url=url)
         await self.wait_for("document.readyState === 'complete' && window.memstreamReady === true", "page loaded")
 
@@ -279,7 +284,11 @@ class Browser:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, settings_factory: Callable[..., Settings]) -> Iterator[Stack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    settings_factory: Callable[..., Settings],
+    admin_key_env: Callable[[Settings], AbstractContextManager[str]],
+) -> Iterator[Stack]:
     if CHROMIUM is None:
         pytest.fail("chromium is not installed: run scripts/install-test-tools.sh")
     settings = settings_factory(
@@ -292,25 +301,26 @@ def stack(tmp_path_factory: pytest.TempPathFactory, settings_factory: Callable[.
     running = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=60)
     asyncio.run(running.start())
     try:
-        start = datetime(2024, 3, 2, 10, 0, tzinfo=UTC)
-        messages = [
-            ChatMessage(
-                event_id=f"ui-{n}",
-                user_id="alice",
-                event_time=start + timedelta(minutes=n),
-                speaker=speaker,
-                text=text,
-            )
-            for n, (speaker, text) in enumerate(CONVERSATION)
-        ]
-        with GatewayClient(running.url) as client:
-            client.post_messages(messages)
-            deadline = time.monotonic() + 60
-            while client.stats("alice")["events"] < len(messages):
-                running.check_children()
-                assert time.monotonic() < deadline, "conversation not memorized in time"
-                time.sleep(0.1)  # poll interval of a deadline wait
-        yield running
+        with admin_key_env(settings):
+            start = datetime(2024, 3, 2, 10, 0, tzinfo=UTC)
+            messages = [
+                ChatMessage(
+                    event_id=f"ui-{n}",
+                    user_id="alice",
+                    event_time=start + timedelta(minutes=n),
+                    speaker=speaker,
+                    text=text,
+                )
+                for n, (speaker, text) in enumerate(CONVERSATION)
+            ]
+            with GatewayClient(running.url) as client:
+                client.post_messages(messages)
+                deadline = time.monotonic() + 60
+                while client.stats("alice")["events"] < len(messages):
+                    running.check_children()
+                    assert time.monotonic() < deadline, "conversation not memorized in time"
+                    time.sleep(0.1)  # poll interval of a deadline wait
+            yield running
     finally:
         running.stop()
 
@@ -393,13 +403,16 @@ def test_asking_on_the_page_shows_live_stages_plan_changes_answer_evidence_and_g
     assert "query=" in state["url"]  # the trace can be reopened from the address bar
 
 
-def test_the_page_does_not_show_another_users_trace(stack: Stack, tmp_path: Path) -> None:
+def test_the_page_does_not_show_another_users_trace(
+    stack: Stack, tmp_path: Path, key_factory: Callable[..., str]
+) -> None:
     with GatewayClient(stack.url) as client:
         query_id = client.ask("alice", "Where does Anna work now?")
         client.wait_answer(query_id, 30)
+    mallory = key_factory(stack.settings, ["mallory"], ["ask", "read"])
 
     async def script(browser: Browser) -> dict[str, Any]:
-        await browser.open(f"{stack.url}/?user=mallory&query={query_id}")
+        await browser.open(f"{stack.url}/?user=mallory&query={query_id}", key=mallory)
         await browser.wait_for("document.querySelector('#status').dataset.state === 'error'", "the refusal")
         return await browser.evaluate(
             """(() => ({

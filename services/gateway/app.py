@@ -14,7 +14,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -25,6 +25,18 @@ from schemas.events import DeadLetter, Event
 from services.domain import Stats
 from services.gateway import inputs
 from services.gateway.answers import AnswerBook, AnswerFeed
+from services.gateway.auth import (
+    Asker,
+    Authenticator,
+    AuthMiddleware,
+    Principal,
+    Reader,
+    Writer,
+    keys_router,
+    metrics_access,
+    rate_limiter,
+    scoped_parse,
+)
 from services.gateway.dead_letters import DeadLetterBook, DeadLetterFeed, dead_letter_router
 from services.gateway.graph import LazyStore
 from services.gateway.limits import BodyLimitMiddleware
@@ -163,6 +175,10 @@ def create_app(
     app.state.dead_letters = dead_letters
     app.state.max_body_bytes = settings.max_body_bytes
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    # outside the body limit: a request without a credential is refused before its body is read
+    authenticator = Authenticator(settings)
+    app.add_middleware(AuthMiddleware, authenticator=authenticator)
+    limiter = rate_limiter(settings)
 
     async def produce(topic: str, events: Sequence[Any]) -> None:
         records = [OutboxRecord(topic, e.user_id, e.event_id, encode(e)) for e in events]
@@ -201,17 +217,21 @@ def create_app(
         return Accepted(accepted=len(events), event_ids=[e.event_id for e in events])
 
     @app.post("/v1/messages", status_code=202, response_model=Accepted)
-    async def post_messages(request: Request) -> Any:
-        return await accept(request, "messages", inputs.chat_messages, topics.chat, "chat_message")
+    async def post_messages(request: Request, principal: Writer) -> Any:
+        parse = scoped_parse(inputs.chat_messages, principal, limiter, "write")
+        return await accept(request, "messages", parse, topics.chat, "chat_message")
 
     @app.post("/v1/documents", status_code=202, response_model=Accepted)
-    async def post_documents(request: Request) -> Any:
-        return await accept(request, "documents", inputs.documents, topics.documents, "document")
+    async def post_documents(request: Request, principal: Writer) -> Any:
+        parse = scoped_parse(inputs.documents, principal, limiter, "write")
+        return await accept(request, "documents", parse, topics.documents, "document")
 
     @app.post("/v1/questions", status_code=202, response_model=QueryAccepted)
-    async def post_question(request: Request) -> Any:
+    async def post_question(request: Request, principal: Asker) -> Any:
         try:
-            query = inputs.query(await inputs.json_body(request))
+            (query,) = scoped_parse(lambda body: [inputs.query(body)], principal, limiter, "question")(
+                await inputs.json_body(request)
+            )
         except inputs.InvalidInput as exc:
             return _invalid("questions", exc)
         bind(query_id=query.query_id, user_id=query.user_id, event_id=query.event_id)
@@ -220,19 +240,20 @@ def create_app(
         return QueryAccepted(query_id=query.query_id)
 
     @app.get("/v1/answers/{query_id}")
-    async def get_answer(query_id: str, wait: float = Query(0.0, ge=0.0, le=30.0)) -> Any:
-        """The answer event; 404 until it is ready. ``wait`` long-polls up to that many seconds."""
+    async def get_answer(principal: Reader, query_id: str, wait: float = Query(0.0, ge=0.0, le=30.0)) -> Any:
+        """The answer event; 404 until it is ready (and for another user's). ``wait`` long-polls that long."""
         answer = book.get(query_id) if wait <= 0 else await book.wait_for(query_id, wait)
-        if answer is None:
+        if answer is None or not principal.covers(answer.user_id):
             return JSONResponse(status_code=404, content={"detail": f"no answer yet for query {query_id}"})
         return JSONResponse(content=answer.model_dump(mode="json"))
 
     @app.get("/v1/stats/{user_id}", response_model=Stats)
-    async def get_stats(user_id: str) -> Any:
+    async def get_stats(user_id: str, principal: Reader) -> Any:
         try:
             inputs.check_user_id(user_id)
         except inputs.InvalidInput as exc:
             return _invalid("stats", exc)
+        principal.check_user(user_id)
         return await read_stats(user_id)
 
     @app.get("/healthz")
@@ -248,7 +269,7 @@ def create_app(
         return JSONResponse(status_code=200 if healthy else 503, content=body)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(_: Principal | None = Depends(metrics_access(settings))) -> Response:  # noqa: B008
         registry: CollectorRegistry | None = None
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # `memstream up` runs workers and gateway as processes sharing one metrics directory
@@ -259,6 +280,8 @@ def create_app(
 
     # operators: list dead letters, replay them onto their source topics
     app.include_router(dead_letter_router(dead_letters, dead_letter_feed, topics, produce))
+    # admins: make, list and revoke API keys
+    app.include_router(keys_router(authenticator.keys))
 
     # traces (JSON and SSE), the graph neighbourhood, the web page at /, the request log context, the lag sensor
     install_observability(app, settings, servers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,10 +22,24 @@ class GatewayError(RuntimeError):
         self.status_code = status_code
 
 
+#: a 429 is waited out (its ``Retry-After``, at most this long each time) this many times before it is an error
+RATE_LIMIT_WAITS = 5
+MAX_RETRY_AFTER_S = 60.0
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    """The header that sends ``key`` (an API key or a token); none without one."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 class GatewayClient:
-    def __init__(self, url: str, timeout_s: float = 60.0) -> None:
+    """``api_key``: an API key (``msk_...``) or a bearer token, sent with every request (default:
+    ``MEMSTREAM_API_KEY``)."""
+
+    def __init__(self, url: str, timeout_s: float = 60.0, api_key: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        api_key = api_key if api_key is not None else os.environ.get("MEMSTREAM_API_KEY")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=bearer(api_key))
 
     def close(self) -> None:
         self._http.close()
@@ -36,6 +51,19 @@ class GatewayClient:
         self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The response; a rate-limited request (429) is sent again after the ``Retry-After`` it names."""
+        for _ in range(RATE_LIMIT_WAITS):
+            response = self._send(method, path, **kwargs)
+            if response.status_code != 429:
+                return response
+            try:
+                wait_s = float(response.headers.get("retry-after", "1"))
+            except ValueError:
+                wait_s = 1.0
+            time.sleep(min(max(wait_s, 0.1), MAX_RETRY_AFTER_S))  # the server's own back-off
+        return self._send(method, path, **kwargs)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         # transient network errors are retried; an HTTP error status is an answer, not a transient failure
         try:
             for attempt in Retrying(
@@ -129,6 +157,20 @@ class GatewayClient:
         body: dict[str, Any] = {"event_ids": list(event_ids)} if event_ids is not None else {"all": replay_all}
         body |= {k: v for k, v in (("user_id", user_id), ("reason", reason)) if v is not None}
         result: dict[str, Any] = self._check(self._request("POST", "/v1/dead-letters/replay", json=body))
+        return result
+
+    def create_key(self, users: Sequence[str], scopes: Sequence[str], label: str = "") -> dict[str, Any]:
+        """A new API key (admin): its record with the key itself under ``key``, shown this once."""
+        body = {"users": list(users), "scopes": list(scopes), "label": label}
+        result: dict[str, Any] = self._check(self._request("POST", "/v1/keys", json=body))
+        return result
+
+    def list_keys(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._check(self._request("GET", "/v1/keys"))["keys"]
+        return result
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._check(self._request("DELETE", f"/v1/keys/{key_id}"))
         return result
 
     def trace_events(self, query_id: str, user_id: str, timeout_s: float) -> Iterator[tuple[str, Any]]:

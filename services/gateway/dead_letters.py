@@ -31,6 +31,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstrai
 from schemas.events import ChatMessage, DeadLetter, Document, Event, UserId
 from schemas.events import Query as QueryEvent
 from services.gateway import inputs
+from services.gateway.auth import Admin, Reader
 from services.logging import get_logger
 from streams.background import Fetch, TopicFeed, decode_records
 from streams.topics import TopicNames
@@ -303,6 +304,7 @@ def dead_letter_router(book: DeadLetterBook, feed: DeadLetterFeed, topics: Topic
 
     @router.get("/v1/dead-letters", response_model=DeadLetterPage)
     async def list_dead_letters(
+        principal: Reader,
         user_id: Annotated[str | None, Query(description="only this user's")] = None,
         reason: Annotated[str | None, Query(max_length=200, description="e.g. extraction_failed")] = None,
         status: Annotated[DeadLetterStatus | None, Query(description="dead or replayed")] = None,
@@ -310,18 +312,19 @@ def dead_letter_router(book: DeadLetterBook, feed: DeadLetterFeed, topics: Topic
         offset: Annotated[int, Query(ge=0)] = 0,
         include_payload: bool = False,
     ) -> Any:
-        """Dead letters, newest first, with their status."""
+        """Dead letters, newest first, with their status: only those of the users the credential acts for."""
         if user_id is not None:
             try:
                 inputs.check_user_id(user_id)
             except inputs.InvalidInput as exc:
                 return JSONResponse(status_code=422, content={"detail": str(exc)})
-        matching = book.select(user_id, reason, status)
+            principal.check_user(user_id)
+        matching = [e for e in book.select(user_id, reason, status) if principal.covers(e.letter.user_id)]
         page = [DeadLetterView.of(e, include_payload) for e in matching[offset : offset + limit]]
         return DeadLetterPage(total=len(matching), complete=feed.caught_up, dead_letters=page)
 
     @router.post("/v1/dead-letters/replay", status_code=202, response_model=ReplayResult)
-    async def replay_dead_letters(request: Request) -> Any:
+    async def replay_dead_letters(request: Request, _: Admin) -> Any:
         """Re-publish dead letters' original events onto their source topics (same event id, keyed by user)."""
         try:
             body = await inputs.json_body(request)

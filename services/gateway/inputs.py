@@ -141,10 +141,13 @@ def query(body: Any, now: datetime | None = None) -> Query:
     if not isinstance(body, dict):
         raise InvalidInput("expected a JSON object with user_id and question")
 
+    if "event_id" in body:
+        # a query id chosen by a client could be another's: their answer and trace would be overwritten or shown
+        raise InvalidInput("query ids are made by the server: leave out event_id")
+
     def fill(item: dict[str, Any]) -> None:
-        # every question is a new query: asking twice gets two answers
-        if not item.get("event_id"):
-            item["event_id"] = "q_" + uuid.uuid4().hex
+        # every question is a new query with an unguessable id: asking twice gets two answers
+        item["event_id"] = "q_" + uuid.uuid4().hex
 
     return _events(body, Query, "question", fill, now)[0]
 

@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.gateway import inputs
+from services.gateway.auth import Principal, Reader
 from services.gateway.graph import MAX_IDS, LazyStore, Neighbourhood, neighbourhood, split_ids
 from services.logging import get_logger
 from services.observability import metrics
@@ -73,6 +74,11 @@ def _check_user(user_id: str) -> JSONResponse | None:
     return None
 
 
+def _visible(owner: str | None, principal: Principal, user_id: str | None) -> bool:
+    """A query's trace is shown to credentials acting for its user (and that user, when one is asked for)."""
+    return principal.covers(owner) and (user_id is None or owner == user_id)
+
+
 def observability_router(
     store: TraceStore, feed: TraceFeed | None, lag: LagSensor | None, graph: LazyStore, obs: ObservabilitySettings
 ) -> APIRouter:
@@ -103,16 +109,20 @@ def observability_router(
         return [{"stage": int(s), "name": s.label} for s in Stage]
 
     @router.get("/v1/traces/{query_id}", response_model=Trace)
-    async def get_trace(query_id: str, user_id: str | None = None) -> Any:
-        """The query's trace so far (404 until its first event arrived); ``user_id`` restricts to that user."""
+    async def get_trace(principal: Reader, query_id: str, user_id: str | None = None) -> Any:
+        """The query's trace so far (404 until its first event arrived, and for another user's query);
+        ``user_id`` restricts to that user."""
+        if user_id is not None:
+            principal.check_user(user_id)
         with log_context(query_id=query_id, user_id=user_id):
             trace = store.get(query_id)
-            if trace is None or (user_id is not None and trace.user_id not in (None, user_id)):
+            if trace is None or not _visible(trace.user_id, principal, user_id):
                 return _not_found(f"no trace for query {query_id}")
             return trace
 
     @router.get("/v1/traces/{query_id}/stream", response_class=EventSourceResponse)
     async def stream_trace(
+        principal: Reader,
         query_id: str,
         user_id: str | None = None,
         last_event_id: str | None = Header(default=None),
@@ -120,6 +130,8 @@ def observability_router(
         """Server-sent events while the query is answered: ``query``, ``stage`` (one per stage run), ``answer``,
         then ``end`` with the whole trace. Subscribing late replays what happened so far; ``Last-Event-ID``
         resumes after that event."""
+        if user_id is not None:
+            principal.check_user(user_id)
         after = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
         deadline = asyncio.get_running_loop().time() + obs.stream_max_s
         outcome = "disconnected"
@@ -128,7 +140,7 @@ def observability_router(
             try:
                 async for update in store.follow(query_id, after, obs.stream_heartbeat_s):
                     owner = store.user_of(query_id)
-                    if user_id is not None and owner is not None and owner != user_id:
+                    if owner is not None and not _visible(owner, principal, user_id):
                         outcome = "forbidden"  # another user's query: say no more than that it is not theirs
                         yield ServerSentEvent(event="unavailable", data={"query_id": query_id})
                         return
@@ -148,6 +160,7 @@ def observability_router(
 
     @router.get("/v1/graph/{user_id}/neighbourhood", response_model=Neighbourhood)
     async def get_neighbourhood(
+        principal: Reader,
         user_id: str,
         ids: Annotated[list[str], Query(description="vertex or edge ids, repeated or comma-separated")],
         per_vertex: Annotated[int, Query(ge=1, le=50, description="neighbours shown per vertex")] = 8,
@@ -155,6 +168,7 @@ def observability_router(
         """The user's memory graph around some of its vertices or edges (e.g. an answer's evidence)."""
         if (invalid := _check_user(user_id)) is not None:
             return invalid
+        principal.check_user(user_id)
         wanted = split_ids(ids)
         if len(wanted) > MAX_IDS:
             return JSONResponse(status_code=422, content={"detail": f"at most {MAX_IDS} ids"})

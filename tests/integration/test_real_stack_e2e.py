@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,7 +42,10 @@ CONVERSATION = [
 
 @pytest.fixture(scope="module")
 def stack(
-    tmp_path_factory: pytest.TempPathFactory, settings_factory: Callable[..., Settings], real_stack: dict[str, str]
+    tmp_path_factory: pytest.TempPathFactory,
+    settings_factory: Callable[..., Settings],
+    real_stack: dict[str, str],
+    admin_key_env: Callable[[Settings], AbstractContextManager[str]],
 ) -> Iterator[Stack]:
     run = uuid.uuid4().hex[:8]
     settings = settings_factory(
@@ -70,7 +74,8 @@ def stack(
     running = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=180)
     asyncio.run(running.start())
     try:
-        yield running
+        with admin_key_env(settings):
+            yield running
     finally:
         running.stop()
 

@@ -6,6 +6,7 @@
 const $ = (selector) => document.querySelector(selector);
 const SVG = "http://www.w3.org/2000/svg";
 
+const KEY_STORE = "memstream.key";
 const state = { source: null, queryId: null, userId: null, seen: new Set(), subs: new Map(), answered: false };
 // What arrived, in order, with the page's clock: the browser test checks that stages came before the answer.
 window.memstreamEvents = [];
@@ -38,10 +39,71 @@ function record(kind, extra = {}) {
   window.memstreamEvents.push({ kind, at: performance.now(), ...extra });
 }
 
+// -- the API key: kept in this tab's sessionStorage only, sent as a bearer token with every request --------------
+
+function apiKey() {
+  return sessionStorage.getItem(KEY_STORE) || "";
+}
+
+function api(path, options = {}) {
+  const headers = { ...(options.headers || {}), authorization: `Bearer ${apiKey()}` };
+  return fetch(path, { ...options, headers });
+}
+
+// Server-sent events over fetch: EventSource cannot send an Authorization header, and a key in the URL would land
+// in logs and history. Calls onEvent(name, data) per event, resumes after a broken connection with Last-Event-ID.
+function streamEvents(path, onEvent) {
+  const controller = new AbortController();
+  let lastId = null;
+  let tries = 0;
+  async function run() {
+    while (!controller.signal.aborted) {
+      try {
+        const headers = lastId === null ? {} : { "last-event-id": lastId };
+        const response = await api(path, { headers, signal: controller.signal });
+        if (!response.ok) {
+          onEvent("refused", { status: response.status });
+          return;
+        }
+        record("open");
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = "";
+        let event = { name: "message", data: "" };
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += value;
+          let cut;
+          while ((cut = buffer.indexOf("\n")) >= 0) {
+            const line = buffer.slice(0, cut).replace(/\r$/, "");
+            buffer = buffer.slice(cut + 1);
+            if (line === "") {
+              if (event.data) onEvent(event.name, JSON.parse(event.data));
+              event = { name: "message", data: "" };
+            } else if (line.startsWith("event:")) event.name = line.slice(6).trim();
+            else if (line.startsWith("data:")) event.data += line.slice(5).trim();
+            else if (line.startsWith("id:")) lastId = line.slice(3).trim();
+          }
+        }
+        return; // the server ended the stream (after end, timeout or unavailable)
+      } catch (error) {
+        if (controller.signal.aborted || ++tries > 5) return;
+        await new Promise((resolve) => setTimeout(resolve, 1000 * tries)); // back off, then resume
+      }
+    }
+  }
+  run();
+  return { close: () => controller.abort() };
+}
+
 // -- stages ---------------------------------------------------------------------------------------------------------
 
 async function loadStages() {
-  const response = await fetch("/v1/stages");
+  const response = await api("/v1/stages");
+  if (!response.ok) {
+    setStatus("error", response.status === 401 ? "enter an API key" : `stages unavailable (${response.status})`);
+    return false;
+  }
   const stages = await response.json();
   $("#stages").replaceChildren(
     ...stages.map((s) =>
@@ -51,6 +113,7 @@ async function loadStages() {
         el("span", { class: "count" }, ""),
         el("span", { class: "ms" }, ""))),
   );
+  return true;
 }
 
 function where(run) {
@@ -190,7 +253,7 @@ async function loadGraph(ids) {
   }
   const params = new URLSearchParams({ per_vertex: "6" });
   ids.slice(0, 100).forEach((id) => params.append("ids", id));
-  const response = await fetch(`/v1/graph/${encodeURIComponent(state.userId)}/neighbourhood?${params}`);
+  const response = await api(`/v1/graph/${encodeURIComponent(state.userId)}/neighbourhood?${params}`);
   if (!response.ok) {
     graph.replaceChildren(svg("text", { x: 20, y: 30 }, `graph unavailable (${response.status})`));
     return;
@@ -314,26 +377,31 @@ function follow(queryId, userId) {
   state.queryId = queryId;
   state.userId = userId;
   const url = `/v1/traces/${encodeURIComponent(queryId)}/stream?user_id=${encodeURIComponent(userId)}`;
-  const source = new EventSource(url);
+  const handlers = {
+    query: () => record("query"),
+    stage: onStage,
+    answer: onAnswer,
+    end: (data) => { source.close(); onEnd(data); },
+    timeout: () => { source.close(); setStatus("timeout", "no answer in time"); },
+    unavailable: () => { source.close(); setStatus("error", "no such query for this user"); },
+    refused: (data) => setStatus("error", data.status === 401 ? "the API key was refused" : `refused (${data.status})`),
+  };
+  const source = streamEvents(url, (name, data) => handlers[name] && handlers[name](data));
   state.source = source;
-  source.addEventListener("open", () => record("open"));
-  source.addEventListener("query", () => record("query"));
-  source.addEventListener("stage", (e) => onStage(JSON.parse(e.data)));
-  source.addEventListener("answer", (e) => onAnswer(JSON.parse(e.data)));
-  source.addEventListener("end", (e) => { source.close(); onEnd(JSON.parse(e.data)); });
-  source.addEventListener("timeout", () => { source.close(); setStatus("timeout", "no answer in time"); });
-  source.addEventListener("unavailable", () => { source.close(); setStatus("error", "no such query for this user"); });
 }
 
 async function ask(event) {
   event.preventDefault();
   const userId = $("#user").value.trim();
   const question = $("#question").value.trim();
+  const key = $("#key").value.trim();
+  if (key) sessionStorage.setItem(KEY_STORE, key);
   reset();
   $("#ask").disabled = true;
   setStatus("running", "asking…");
   try {
-    const response = await fetch("/v1/questions", {
+    if (!document.querySelector("#stages .stage") && !(await loadStages())) return;
+    const response = await api("/v1/questions", {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ user_id: userId, question }),
@@ -358,11 +426,12 @@ function start() {
   const params = new URLSearchParams(location.search);
   $("#user").value = params.get("user") || "";
   $("#question").value = params.get("q") || "";
+  $("#key").value = apiKey();
   $("#ask-form").addEventListener("submit", ask);
   // Ready only once the stage list is drawn: a question asked earlier would have no stages to light up.
-  loadStages().then(() => {
+  loadStages().then((loaded) => {
     window.memstreamReady = true;
-    if (params.get("query") && params.get("user")) follow(params.get("query"), params.get("user"));
+    if (loaded && params.get("query") && params.get("user")) follow(params.get("query"), params.get("user"));
   });
 }
 
