@@ -308,3 +308,29 @@ def test_praise_given_to_the_speaker_by_mistake_is_dropped_and_me_time_stays_a_w
         "Melanie carves out some me-time each day.",
         "Melanie loves her caring team.",
     ]
+
+
+def test_a_fact_written_under_a_reply_goes_to_the_message_that_says_it() -> None:
+    items = [
+        Item("Jon", "Hey Gina! Lost my job as a banker yesterday, so I'm starting my own business.", T),
+        Item("Gina", "Sorry about your job Jon! I also lost my job at Door Dash this month.", T),
+    ]
+    out = {
+        "messages": [
+            {"m": 1, "facts": []},
+            {
+                "m": 2,
+                "facts": [
+                    # said by Jon, written under Gina's reply, with Gina as its subject
+                    fact("Gina", "Gina lost her job as a banker yesterday.", "lost job as", "banker", when="yesterday"),
+                    fact("Gina", "Gina lost her job at Door Dash.", "lost job at", "Door Dash"),
+                    fact("Gina", "Gina asked Gina about the job.", "asked", "job"),
+                ],
+            },
+        ]
+    }
+    jon, gina = ExtractTask().parse(json.dumps(out), ExtractionInput(items=items))
+    assert [(f.subject, f.text) for f in jon.facts] == [("Jon", "Jon lost her job as a banker yesterday.")]
+    assert jon.facts[0].when is not None and jon.facts[0].when.describe() == "1 June 2023"
+    assert [(f.subject, f.text) for f in gina.facts] == [("Gina", "Gina lost her job at Door Dash.")]
+    assert gina.dropped == ["speech_act"]  # "Gina asked Gina": a rewritten question, not a memory

@@ -235,13 +235,14 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
             by_number.setdefault(entry.m, []).extend(entry.facts)
         speakers = Speakers.of(inputs)
         results = [ItemFacts(answered=n in by_number) for n in range(1, count + 1)]
-        for n, item in enumerate(inputs.items, start=1):
+        for n in range(1, count + 1):
             for raw in by_number.get(n, [])[:MAX_FACTS_PER_MESSAGE]:
-                target, checked = n, check_fact(raw.subject, raw.fact, raw.relation, raw.object, item, speakers)
-                if checked == "ungrounded":
-                    # a small model sometimes writes a fact under a neighbouring message: give it to the message
-                    # that says it, if one in this batch does
-                    target, checked = self._realign(raw, inputs, speakers, n)
+                # a small model sometimes writes a fact under a neighbouring message: it belongs to the message
+                # that says it (and that message's speaker decides who "I" is)
+                target = self._home(raw, inputs, speakers, n)
+                checked = check_fact(
+                    raw.subject, raw.fact, raw.relation, raw.object, inputs.items[target - 1], speakers
+                )
                 if isinstance(checked, str):
                     results[n - 1].dropped.append(checked)
                     continue
@@ -254,19 +255,14 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         return results
 
     @staticmethod
-    def _realign(
-        raw: FactOut, inputs: ExtractionInput, speakers: Speakers, n: int
-    ) -> tuple[int, tuple[str, str, str] | str]:
-        scored = sorted(
-            (
-                (grounding(raw.fact, raw.subject, item.text, speakers), m)
-                for m, item in enumerate(inputs.items, start=1)
-                if m != n
-            ),
-            reverse=True,
+    def _home(raw: FactOut, inputs: ExtractionInput, speakers: Speakers, n: int) -> int:
+        """The message of the batch that says ``raw``: its own (``n``), unless another grounds it and says at
+        least twice as much of it ("Lost my job as a banker" written under the reply "Sorry about your job")."""
+        own = grounding(raw.fact, raw.subject, inputs.items[n - 1].text, speakers)
+        share, best = max(
+            ((grounding(raw.fact, raw.subject, item.text, speakers), m) for m, item in enumerate(inputs.items, 1)),
+            key=lambda scored: (scored[0], scored[1] == n),
         )
-        for share, m in scored[:1]:
-            if share >= MIN_GROUNDING:
-                item = inputs.items[m - 1]
-                return m, check_fact(raw.subject, raw.fact, raw.relation, raw.object, item, speakers)
-        return n, "ungrounded"
+        if best != n and share >= MIN_GROUNDING and (own < MIN_GROUNDING or share >= 2 * own):
+            return best
+        return n
