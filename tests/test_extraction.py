@@ -334,3 +334,14 @@ def test_a_fact_written_under_a_reply_goes_to_the_message_that_says_it() -> None
     assert jon.facts[0].when is not None and jon.facts[0].when.describe() == "1 June 2023"
     assert [(f.subject, f.text) for f in gina.facts] == [("Gina", "Gina lost her job at Door Dash.")]
     assert gina.dropped == ["speech_act"]  # "Gina asked Gina": a rewritten question, not a memory
+
+
+def test_a_message_s_opening_words_pass_over_a_greeting_to_what_it_tells() -> None:
+    from services.memorize.extraction import _opening
+
+    assert _opening("Thanks, Caroline! Painting's a fun way to relax.") == "Painting's a fun way to"
+    assert _opening("Hey Caroline! Good to see you! I'm swamped with the kids & work.") == "I'm swamped with the kids"
+    assert _opening("Busy! I started a pottery class on Monday.") == "Busy! I started a pottery"  # not a greeting
+    # nothing but pleasantries: the message's own first words
+    assert _opening("Hey Mel! Good to see you! How have you been?") == "Hey Mel! Good to see"
+    assert _opening("I moved to Berlin last week.") == "I moved to Berlin last"
