@@ -308,3 +308,40 @@ def test_praise_given_to_the_speaker_by_mistake_is_dropped_and_me_time_stays_a_w
         "Melanie carves out some me-time each day.",
         "Melanie loves her caring team.",
     ]
+
+
+def test_a_fact_written_under_a_reply_goes_to_the_message_that_says_it() -> None:
+    items = [
+        Item("Jon", "Hey Gina! Lost my job as a banker yesterday, so I'm starting my own business.", T),
+        Item("Gina", "Sorry about your job Jon! I also lost my job at Door Dash this month.", T),
+    ]
+    out = {
+        "messages": [
+            {"m": 1, "facts": []},
+            {
+                "m": 2,
+                "facts": [
+                    # said by Jon, written under Gina's reply, with Gina as its subject
+                    fact("Gina", "Gina lost her job as a banker yesterday.", "lost job as", "banker", when="yesterday"),
+                    fact("Gina", "Gina lost her job at Door Dash.", "lost job at", "Door Dash"),
+                    fact("Gina", "Gina asked Gina about the job.", "asked", "job"),
+                ],
+            },
+        ]
+    }
+    jon, gina = ExtractTask().parse(json.dumps(out), ExtractionInput(items=items))
+    assert [(f.subject, f.text) for f in jon.facts] == [("Jon", "Jon lost her job as a banker yesterday.")]
+    assert jon.facts[0].when is not None and jon.facts[0].when.describe() == "1 June 2023"
+    assert [(f.subject, f.text) for f in gina.facts] == [("Gina", "Gina lost her job at Door Dash.")]
+    assert gina.dropped == ["speech_act"]  # "Gina asked Gina": a rewritten question, not a memory
+
+
+def test_a_message_s_opening_words_pass_over_a_greeting_to_what_it_tells() -> None:
+    from services.memorize.extraction import _opening
+
+    assert _opening("Thanks, Caroline! Painting's a fun way to relax.") == "Painting's a fun way to"
+    assert _opening("Hey Caroline! Good to see you! I'm swamped with the kids & work.") == "I'm swamped with the kids"
+    assert _opening("Busy! I started a pottery class on Monday.") == "Busy! I started a pottery"  # not a greeting
+    # nothing but pleasantries: the message's own first words
+    assert _opening("Hey Mel! Good to see you! How have you been?") == "Hey Mel! Good to see"
+    assert _opening("I moved to Berlin last week.") == "I moved to Berlin last"

@@ -145,8 +145,10 @@ def check_fact(
     obj = " ".join(obj.split())
     if obj.casefold() in _NOTHING or not (_content(obj) & (_content(item.text) | _content(text))):
         obj = ""  # an object the message does not name would be a hallucinated entity
-    if _SPEECH_ACT.match(text) and any(n != subject and n in text for n in speakers.names):
-        return "speech_act"  # "Anna thanks Ben", "Ben asked Anna about ...": the conversation, not a memory
+    if _SPEECH_ACT.match(text) and (any(n != subject and n in text for n in speakers.names) or text.count(subject) > 1):
+        # "Anna thanks Ben", "Ben asked Anna about ...", or a pronoun rewritten into "Ben asked Ben": the
+        # conversation, not a memory
+        return "speech_act"
     if addressee and _is_praise(text, subject, addressee, item.text, speakers):
         return "compliment"
     if grounding(text, subject, item.text, speakers) < MIN_GROUNDING:

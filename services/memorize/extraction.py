@@ -17,6 +17,7 @@ Scripted-LLM contract (task name ``extract``): ``{"messages": [{"m": 1, "facts":
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from services import ids
 from services.llm.task import LLMTask, TaskOutputError
 from services.memorize.attribution import MIN_GROUNDING, Speakers, check_fact, grounding
+from services.memorize.chunking import sentences
 from services.memorize.when import When, resolve, sounds_future, time_words
 from services.ports import LLMMessage
 
@@ -106,9 +108,10 @@ SYSTEM = """You keep a long-term memory of what people tell each other. For EACH
 worth remembering about people: what they did, do, plan, own, like, feel or think, with names, places, dates and \
 numbers. A fact is one short sentence that makes sense alone: use names, never "I", "you", "he" or "she". The \
 speaker is named before each message: "I", "me" and "my" mean the speaker, "you" the person they talk to. A photo \
-the speaker shares is part of their message. Greetings, thanks, questions and compliments have no facts: \
-give them an empty list. Each fact has: subject (the person it is about), fact, relation and object (the fact as \
-subject - relation - object, the object a person, place, thing or activity named in the message), when (the words \
+the speaker shares is part of their message. A message that only greets, thanks, asks or compliments has no \
+facts: give it an empty list; one that opens so and then tells something has the facts it tells. Each fact \
+has: subject (the person it is about), fact, relation and object (the fact as subject - relation - object, \
+the object a person, place, thing or activity named in the message), when (the words \
 of the message that say when it happened, such as "yesterday" or "last year", else ""), kind (FACT, OPINION, or \
 PREDICTION for a plan or expectation) and temporal (STATIC: never changes, DYNAMIC: may change, ATEMPORAL: \
 always true). Output JSON only."""
@@ -118,7 +121,7 @@ EXAMPLE_IN = """Conversation between Anna and Ben.
 [2] Ben, Friday 2 June 2023: Busy! I started a pottery class on Monday, I love it. [shares a photo: a clay bowl]
 [3] Anna, Friday 2 June 2023: Wow, that bowl is great! What else do you make there?
 [4] Anna, Friday 2 June 2023: Big news: I quit Siemens last week, now I'm a nurse at St. Mary's!
-[5] Ben, Friday 2 June 2023: Congrats, you'll be amazing at it!"""
+[5] Ben, Friday 2 June 2023: Congrats, you'll be amazing at it! I'm off to Rome tomorrow for my sister's wedding."""
 
 EXAMPLE_OUT = (
     '{"messages":[{"m":1,"speaker":"Anna","starts":"Hi Ben! How was your","facts":[]},'
@@ -133,7 +136,9 @@ EXAMPLE_OUT = (
     '"when":"last week","kind":"FACT","temporal":"STATIC"},'
     '{"subject":"Anna","fact":"Anna works as a nurse at St. Mary\'s.","relation":"works at","object":"St. Mary\'s",'
     '"when":"","kind":"FACT","temporal":"DYNAMIC"}]},'
-    '{"m":5,"speaker":"Ben","starts":"Congrats, you\'ll be amazing at","facts":[]}]}'
+    '{"m":5,"speaker":"Ben","starts":"I\'m off to Rome tomorrow","facts":['
+    '{"subject":"Ben","fact":"Ben is going to Rome for his sister\'s wedding.","relation":"going to","object":"Rome",'
+    '"when":"tomorrow","kind":"PREDICTION","temporal":"DYNAMIC"}]}]}'
 )
 
 
@@ -141,8 +146,33 @@ def _who(item: Item) -> str:
     return ("document" if item.document else item.speaker) or "someone"
 
 
+#: a short leading greeting, thanks, exclamation or question that says nothing of the speaker ("Thanks, Mel!",
+#: "Wow, that's cool!", "How are you?") is passed over by a message's opening words
+_OPENER_WORDS = 6
+_PLEASANTRY = re.compile(
+    r"^(?:hey|hi|hello|thanks|thank|wow|whoa|yeah|yep|yes|yay|oh|aw+|congrats|congratulations|good|great|nice|cool|"
+    r"awesome|amazing|totally|sure|ok|okay|haha|lol|omg|sorry|no|hmm|that's|so)\b",
+    re.IGNORECASE,
+)
+_FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'll|i'd|me|my|we|our)\b", re.IGNORECASE)
+
+
+def _pleasantry(sentence: str) -> bool:
+    short = len(sentence.split()) <= _OPENER_WORDS and _FIRST_PERSON.search(sentence) is None
+    return short and (_PLEASANTRY.match(sentence) is not None or sentence.rstrip().endswith("?"))
+
+
 def _opening(text: str, words: int = 5) -> str:
-    return " ".join(text.split()[:words]).replace("\\", "")
+    """The first words of the message's first sentence that tells something. The grammar makes the model write
+    them before the message's facts; a small model that writes "Thanks, Melanie! That's" lists nothing for a
+    message that goes on to tell its news."""
+    flat = " ".join(text.split())
+    rest = flat
+    for sentence in sentences(flat):
+        if not _pleasantry(sentence):
+            break
+        rest = rest[len(sentence) :].lstrip()
+    return " ".join((rest or flat).split()[:words]).replace("\\", "")
 
 
 def _day(when: datetime) -> str:
@@ -235,13 +265,14 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
             by_number.setdefault(entry.m, []).extend(entry.facts)
         speakers = Speakers.of(inputs)
         results = [ItemFacts(answered=n in by_number) for n in range(1, count + 1)]
-        for n, item in enumerate(inputs.items, start=1):
+        for n in range(1, count + 1):
             for raw in by_number.get(n, [])[:MAX_FACTS_PER_MESSAGE]:
-                target, checked = n, check_fact(raw.subject, raw.fact, raw.relation, raw.object, item, speakers)
-                if checked == "ungrounded":
-                    # a small model sometimes writes a fact under a neighbouring message: give it to the message
-                    # that says it, if one in this batch does
-                    target, checked = self._realign(raw, inputs, speakers, n)
+                # a small model sometimes writes a fact under a neighbouring message: it belongs to the message
+                # that says it (and that message's speaker decides who "I" is)
+                target = self._home(raw, inputs, speakers, n)
+                checked = check_fact(
+                    raw.subject, raw.fact, raw.relation, raw.object, inputs.items[target - 1], speakers
+                )
                 if isinstance(checked, str):
                     results[n - 1].dropped.append(checked)
                     continue
@@ -254,19 +285,14 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         return results
 
     @staticmethod
-    def _realign(
-        raw: FactOut, inputs: ExtractionInput, speakers: Speakers, n: int
-    ) -> tuple[int, tuple[str, str, str] | str]:
-        scored = sorted(
-            (
-                (grounding(raw.fact, raw.subject, item.text, speakers), m)
-                for m, item in enumerate(inputs.items, start=1)
-                if m != n
-            ),
-            reverse=True,
+    def _home(raw: FactOut, inputs: ExtractionInput, speakers: Speakers, n: int) -> int:
+        """The message of the batch that says ``raw``: its own (``n``), unless another grounds it and says at
+        least twice as much of it ("Lost my job as a banker" written under the reply "Sorry about your job")."""
+        own = grounding(raw.fact, raw.subject, inputs.items[n - 1].text, speakers)
+        share, best = max(
+            ((grounding(raw.fact, raw.subject, item.text, speakers), m) for m, item in enumerate(inputs.items, 1)),
+            key=lambda scored: (scored[0], scored[1] == n),
         )
-        for share, m in scored[:1]:
-            if share >= MIN_GROUNDING:
-                item = inputs.items[m - 1]
-                return m, check_fact(raw.subject, raw.fact, raw.relation, raw.object, item, speakers)
-        return n, "ungrounded"
+        if best != n and share >= MIN_GROUNDING and (own < MIN_GROUNDING or share >= 2 * own):
+            return best
+        return n
