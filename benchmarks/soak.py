@@ -161,7 +161,7 @@ async def ingest(
                 tally.texts[user].append(body["text"])
             else:
                 tally.refused.append(f"{user}: {response.status_code} {response.text[:200]}")
-        due = max(due + interval, time.monotonic() - interval)  # late: no burst to catch up
+        due = max(due + interval, time.monotonic())  # late: no burst to catch up
 
 
 async def ask(http: httpx.AsyncClient, user: str, question: str, timeout_s: float, tally: Tally) -> None:
@@ -361,7 +361,7 @@ async def drive(url: str, up_pid: int, keys: dict[str, str], admin_key: str, opt
                 for u in users
                 if int(stats[u]["events"]) != len(tally.accepted[u])
             },
-            "rate_per_s": round(accepted / load_s, 2),
+            "rate_per_s": round(accepted / (until - start), 2),
         },
         "questions": {
             "asked": tally.asked,
@@ -431,7 +431,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"| answer latency p50 / p99 / max | {a.get('p50', '–')} / {a.get('p99', '–')} / {a.get('max', '–')} s |",
         f"| ingest → queryable, polled ({o['poll_s']} s) p50 / p99 / max | {polled.get('p50', '–')} / "
         f"{polled.get('p99', '–')} / {polled.get('max', '–')} s |",
-        f"| ingest → committed, workers' histogram p50 / p99 (n) | {hist.get('p50', '–')} / {hist.get('p99', '–')} s "
+        f"| ingest → committed, workers' histogram p50 / p99 (n, with the warm-up message) | "
+        f"{hist.get('p50', '–')} / {hist.get('p99', '–')} s "
         f"({hist['n']}) |",
         "",
         "| process | RSS first MB | last MB | max MB | slope, second half (MB/min) |",
