@@ -1,19 +1,33 @@
-"""Randomized kill test on the embedded stack: exactly-once memory and announcements across ``kill -9`` of workers.
+"""Randomized kill test: exactly-once memory and announcements across ``kill -9`` of workers (and of the broker).
 
-A real Tansu broker, Faust worker processes run apart from it (``memstream worker``), the rule-based scripted LLM
-and the real embedder and store. Messages of several users go straight onto the chat topic; while they are
-memorized, a random worker is killed with SIGKILL whenever the applied-event count passes one of ``--kills``
-thresholds drawn from a seeded RNG, and started again at once (each kill and restart also rebalances the group).
-Then it waits, polling with a deadline, until every event is applied, every change set written was seen on the
-memory-update topic and nothing is pending announcement, and compares each user's memory with a clean run of the
-same messages (in-process memorize handler over a fresh store, batches of 64 records). Near-duplicate merging is
-off (``duplicate_min_similarity=1.0``): it depends on how messages fell into batches, crash or not.
+The rule-based scripted LLM, the real embedder and store, Faust worker processes. While messages of several users
+are memorized, a kill comes whenever the applied-event count passes one of the ``--kills`` (+ ``--broker-kills``)
+thresholds drawn from a seeded RNG; every kill and restart also rebalances the group. Then it waits, polling with
+a deadline, until every event is applied, every change set written was seen on the memory-update topic and nothing
+is pending announcement, and compares each user's memory with a clean run of the same messages (in-process
+memorize handler over a fresh store, batches of 64 records). Near-duplicate merging is off
+(``duplicate_min_similarity=1.0``): it depends on how messages fell into batches, crash or not.
+
+Two ways in:
+
+- default: messages produced straight onto the chat topic of an embedded Tansu broker, or of the Apache Kafka at
+  ``--broker HOST:PORT`` (topics and consumer group of the run's own, so the broker can be shared); workers run
+  apart (``memstream worker``), a random one is SIGKILLed and started again at once. The broker is not killed.
+- ``--through-gateway``: ``memstream up --workers N`` on the embedded broker, messages POSTed through its gateway
+  with an API key (one client per user, in order; a request not answered 202 is sent again, same event ids).
+  A random live worker is SIGKILLed (``up`` restarts it, with its backoff), and ``--broker-kills`` times the
+  embedded broker (``up`` restarts it with the gateway and workers above it; the gateway replays its outbox).
+  The broker's records, memory updates included, die with it: a change set counts as announced when the observer
+  (a consumer reading the memory-update topic from its beginning, reconnected to each new broker) saw it. Before
+  each broker kill the observer reads up to the broker's end offsets; a change set written before that kill and
+  never seen is reported apart (``unseen_written_before_a_broker_kill``: acked by a broker that then died), not
+  as a failure; one written after it and never seen is.
 
   python benchmarks/crash_soak.py --messages 5000 --users 10 --kills 20 --workers 2 --seed 1
+  python benchmarks/crash_soak.py --broker "$MEMSTREAM_BROKER" --messages 5000 --users 10 --kills 20 --seed 1
+  python benchmarks/crash_soak.py --through-gateway --broker-kills 4 --messages 5000 --users 10 --kills 20
 
 Prints a JSON summary as its last line; exits non-zero when anything was lost, duplicated or left unannounced.
-The broker is not killed: the embedded broker keeps records in memory (durability of the embedded ingestion is
-another piece of work).
 """
 
 from __future__ import annotations
