@@ -5,11 +5,13 @@ writes every accepted memory event (chat message, document) into a SQLite file (
 commit is on disk when it returns) before it answers, then publishes it. Concurrent requests share one commit
 (group commit), so the fsync is paid once per batch of requests, not once per request.
 
-An entry stays until memorize has applied its event (the store's ``seen_events``) — then it is pruned — or the
-event was dead-lettered (then it is marked and never replayed by itself; an operator's dead-letter replay makes it
-pending again). On start the relay re-publishes every pending entry that is not applied yet, oldest first, so a
-user's events keep their order; memorize is idempotent by event id, so a re-publish of an event the broker still
-has is harmless. The relay also retries entries whose publish failed, periodically, until one succeeds.
+An entry stays until memorize has applied its event and announced its change set (the store's ``seen_events``
+less the events of pending announcements) — then it is pruned — or the event was dead-lettered (then it is marked
+and never replayed by itself; an operator's dead-letter replay makes it pending again). On start the relay
+re-publishes every pending entry, oldest first, so a user's events keep their order; memorize is idempotent by
+event id, so a re-publish of an event the broker still has is harmless, and one of an applied event whose memory
+update is pending makes memorize publish that update. The relay also retries entries whose publish failed,
+periodically, until one succeeds.
 
 One outbox per data directory: gateways sharing a data directory share it (SQLite locks; replays are
 idempotent); gateways on different machines each keep their own.
@@ -214,8 +216,8 @@ def _fsync_dir(path: Path) -> None:
 class OutboxRelay:
     """Moves outbox entries into the broker and prunes the memorized ones.
 
-    ``publish`` sends records and returns once the broker acknowledged them; ``applied(user_id, ids)`` is the
-    memory store's ``seen_events``.
+    ``publish`` sends records and returns once the broker acknowledged them; ``applied(user_id, ids)`` says which
+    events memory applied and announced (the gateway's ``StoreStats.applied``).
     """
 
     def __init__(self, outbox: Outbox, publish: Publish, applied: Applied, interval_s: float = 10.0) -> None:

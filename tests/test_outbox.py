@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from schemas.events import ChatMessage, MemoryUpdate
+from services.adapters.minilm import MiniLMEmbedder
+from services.adapters.sqlite import SqliteMemoryStore
+from services.gateway.app import StoreStats
+from services.llm.scripted import rule_based_llm
+from services.memorize.service import MemorizeService
+from streams.codec import encode
+from streams.handlers import MemorizeHandler, Record
 from streams.outbox import Outbox, OutboxRecord, OutboxRelay
+from streams.topics import TopicNames
+from tests.conftest import make_settings
+
+T0 = datetime(2024, 1, 1, 8, 0, tzinfo=UTC)
 
 
 def record(user: str, n: int, topic: str = "memstream.chat") -> OutboxRecord:
@@ -146,4 +159,56 @@ async def test_entries_page_through_everything(tmp_path: Path, users: int) -> No
     memory = Memory()
     relay = OutboxRelay(outbox, memory.publish, memory.seen)
     assert await relay.replay() == 700 * users
+    await outbox.close()
+
+
+class Publisher:
+    """A worker's publisher: ``down`` refuses every publish (the broker died), else records what was sent."""
+
+    def __init__(self, down: bool) -> None:
+        self.down = down
+        self.sent: list[tuple[str, bytes | None, bytes]] = []
+
+    async def publish(self, topic: str, key: bytes | None, value: bytes) -> None:
+        if self.down:
+            raise ConnectionError("broker down")
+        self.sent.append((topic, key, value))
+
+
+async def test_an_applied_event_whose_memory_update_is_pending_stays_in_the_outbox_until_its_replay_announces_it(
+    tmp_path: Path,
+) -> None:
+    """The broker dies after the worker's store commit and before its memory update was acked: the outbox must
+    keep the event, or nothing would ever bring it back to a worker to publish the pending update."""
+    settings = make_settings(tmp_path)
+    topics = TopicNames.from_settings(settings)
+    message = ChatMessage(
+        event_id="m_ana_1", user_id="ana", speaker="Ana", text="I moved to Lisbon with Maria.", event_time=T0
+    )
+    record = OutboxRecord(topics.chat, message.user_id, message.event_id, encode(message))
+    embedder = MiniLMEmbedder()
+    reader = StoreStats(settings)
+    outbox = await opened(settings.outbox_path)
+    relayed: list[OutboxRecord] = []
+
+    async def relay_publish(records: Sequence[OutboxRecord]) -> None:
+        relayed.extend(records)
+
+    relay = OutboxRelay(outbox, relay_publish, reader.applied)
+    async with await SqliteMemoryStore.open(settings.store_path, dim=embedder.dim) as store:
+        service = MemorizeService(store, rule_based_llm(), embedder, settings)
+        await outbox.add([record])
+        await MemorizeHandler(service, Publisher(down=True), topics).handle([Record(topics.chat, b"ana", record.value)])
+        assert await store.pending_count() == 1
+        assert await reader.applied("ana", [message.event_id]) == set()
+        assert await relay.replay() == 1 and relayed == [record]  # what a restarted gateway does
+
+        worker = Publisher(down=False)
+        await MemorizeHandler(service, worker, topics).handle([Record(topics.chat, b"ana", record.value)])
+        updates = [MemoryUpdate.model_validate_json(v) for t, _, v in worker.sent if t == topics.memory_updates]
+        assert [u.source_event_ids for u in updates] == [[message.event_id]]
+        assert await store.pending_count() == 0
+        assert await reader.applied("ana", [message.event_id]) == {message.event_id}
+        assert await relay.prune() == 0
+    await reader.close()
     await outbox.close()

@@ -43,6 +43,7 @@ from services.gateway.limits import BodyLimitMiddleware
 from services.gateway.observability import install as install_observability
 from services.logging import get_logger
 from services.observability.context import bind
+from services.ports import AnnouncementLog
 from services.settings import Settings
 from streams.codec import encode, user_key
 from streams.outbox import Outbox, OutboxRecord, OutboxRelay
@@ -71,7 +72,15 @@ class StoreStats:
         return await (await self._store()).stats(user_id)
 
     async def applied(self, user_id: str, event_ids: Sequence[str]) -> set[str]:
-        return await (await self._store()).seen_events(user_id, event_ids)
+        """Events memory applied *and* announced. An event whose change set's memory update is still pending
+        (the worker wrote it, then the broker died before the publish was acked) stays in the outbox: its
+        replay makes memorize publish the pending update, which nothing else would after a broker restart."""
+        store = await self._store()
+        seen = await store.seen_events(user_id, event_ids)
+        if seen and isinstance(store, AnnouncementLog):
+            for pending in await store.pending_announcements(user_id, sorted(seen)):
+                seen.difference_update(pending.event_ids)
+        return seen
 
     async def close(self) -> None:
         await self._store.close()

@@ -76,3 +76,10 @@ def ollama() -> tuple[str, str, str]:
     version = httpx.get(f"{host}/api/version", timeout=10)
     assert version.status_code == 200, f"Ollama at {host} does not answer: {version.status_code}"
     return host, model, embed
+
+
+@pytest.fixture(scope="session")
+def kafka() -> str:
+    """The bootstrap address of the real Apache Kafka."""
+    (broker,) = require_env("MEMSTREAM_BROKER")
+    return broker
