@@ -92,6 +92,8 @@ class ChangeSetBuilder:
 
         ``same_as`` maps a fact's index to a known thesis it repeats: that thesis gains this episode as a source
         instead of a second, reworded copy being written."""
+        latest = self.cs.event_time
+        self.cs.event_time = src.event_time if latest is None else max(latest, src.event_time)
         episode = self._vertex(
             Vertex(
                 id=ids.episode_id(self.user_id, src.event_id, src.chunk),

@@ -217,7 +217,6 @@ class MemorizeService:
             for fact_n, old in replaced.get(n, []):
                 builder.invalidate(old, thesis_ids[fact_n], source)
         change_set = builder.build(calls)
-        change_set.event_time = max(e.event_time for e in events)
         try:
             announcement = await self._write(change_set, events, vectors)
         except Exception as exc:  # the store is down or broken: keep the events, say why
