@@ -57,7 +57,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the gateway mode drives `memstream up` with the fault tests' helpers
 
-from memstream.broker import EmbeddedBroker, free_port, wait_for_kafka  # noqa: E402
+from memstream.broker import EmbeddedBroker, free_port, free_port_block, wait_for_kafka  # noqa: E402
 from memstream.processes import stop_process  # noqa: E402
 from memstream.runtime import child_env  # noqa: E402
 from schemas.events import ChatMessage, MemoryUpdate  # noqa: E402
@@ -116,7 +116,7 @@ def settings_for(data_dir: Path, broker: str | None = None, **overrides: Any) ->
         "broker_session_timeout_s": 6.0,
         "batch_wait_s": 0.2,
         "port": free_port(),
-        "worker_web_port": free_port(),
+        "worker_web_port": free_port_block(8),  # workers use it and the ports after it
         "log_json": True,
         "log_level": "WARNING",
         # near-duplicate merging compares a fact with the theses already stored, so whether two similar messages

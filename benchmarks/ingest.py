@@ -24,7 +24,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from memstream.broker import free_port
+from memstream.broker import free_port, free_port_block
 from memstream.runtime import Stack
 from schemas.events import ChatMessage, MemoryUpdate
 from services.container import build_services
@@ -60,7 +60,7 @@ def settings_for(data_dir: Path, **overrides: Any) -> Settings:
         "partitions": 4,
         "broker_session_timeout_s": 6.0,
         "port": free_port(),
-        "worker_web_port": free_port(),
+        "worker_web_port": free_port_block(8),  # workers use it and the ports after it
         "log_json": True,
         "log_level": "WARNING",
         **overrides,

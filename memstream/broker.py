@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import subprocess
 from pathlib import Path
@@ -42,6 +43,30 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range, so that no port
+    ``free_port`` hands out later (an embedded broker's, a client's) can land inside the block."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, max(10001, low - count))
+        if all(port_free(host, port) for port in range(base, base + count)):
+            return base
+    raise OSError(f"no block of {count} free ports below {low}")
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be bound now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 async def wait_for_kafka(bootstrap: str, timeout_s: float = 20.0) -> None:

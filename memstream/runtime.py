@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from typing import Any
 import httpx
 from aiokafka.errors import KafkaError
 
-from memstream.broker import BrokerError, EmbeddedBroker, wait_for_kafka
+from memstream.broker import BrokerError, EmbeddedBroker, port_free, wait_for_kafka
 from memstream.processes import die_with_parent, stop_process
 from services.logging import get_logger
 from services.settings import Settings
@@ -107,15 +106,6 @@ def child_env(settings: Settings, bootstrap: str, metrics_dir: Path | None, embe
     return env
 
 
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
 @dataclass
 class Stack:
     """The processes of `memstream up`. ``start`` fails on any exit before ready; once ready, ``supervise``
@@ -183,7 +173,7 @@ class Stack:
 
     async def _refuse_taken_port(self) -> None:
         """Never serve next to (or report ready against) a process this `up` did not start."""
-        if not port_in_use(self.host, self.port):
+        if port_free(self.host, self.port):
             return
         owner = "another process"
         with contextlib.suppress(httpx.HTTPError, ValueError):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memstream.broker import EmbeddedBroker, free_port
+from memstream.broker import EmbeddedBroker, free_port, free_port_block
 from services.gateway.keys import create_key
 from services.settings import Settings
 
@@ -36,7 +36,7 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
         "broker_session_timeout_s": 6.0,
         "batch_wait_s": 0.1,
         "port": free_port(),
-        "worker_web_port": free_port(),
+        "worker_web_port": free_port_block(4),  # workers use it and the ports after it
         "log_json": True,
         **overrides,
     }
