@@ -251,6 +251,13 @@ KAFKA = [
 
 ERRORS = [
     Panel(
+        "Backends up",
+        "1 while the graph store, vector store, model server and embedder answer; 0 while a worker's calls to one fail "
+        "and are being retried: processing waits for it (MEMSTREAM_BACKEND_OUTAGE_S), lag grows, nothing is dropped.",
+        [("min by (backend) (memstream_backend_up)", "{{backend}}")],
+        width=24,
+    ),
+    Panel(
         "Dead letters",
         "Events sent to the dead-letter topic per second, by reason and source topic.",
         [(rate("memstream_dead_letters_total", "reason, topic"), "{{reason}} {{topic}}")],

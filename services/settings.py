@@ -64,6 +64,12 @@ class Settings(BaseSettings):
         default=None, gt=0, description="cap on a whole call (unset: none; slow machines make calls slow)"
     )
     llm_max_concurrency: int = Field(default=2, ge=1)
+    backend_outage_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="how long a worker's call waits for an unreachable graph store, vector store or model server "
+        "(processing pauses meanwhile) before its events are dead-lettered, to be replayed",
+    )
     llm_retries: int = Field(default=2, ge=0)
     scripted_llm: str | None = Field(
         default=None, description="'module:function' returning a ScriptedLLM, when llm == 'scripted' (tests, demos)"

@@ -11,8 +11,9 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import BaseModel
 
+from services.backends import BackendUnavailable
 from services.llm.factory import build_adapter, build_embedder, build_llm
-from services.llm.layers import CachedLLM, LimitedLLM, MeteredLLM, RetryingLLM, cache_key
+from services.llm.layers import CachedLLM, LimitedLLM, MeteredLLM, RetryingLLM, attempts_made, cache_key
 from services.llm.scripted import ScriptedLLM
 from services.llm.task import LLMTask, TaskFailed, run_task
 from services.ports import LLM, KeyValueCache, LLMMessage, LLMRequest, LLMResponse
@@ -127,11 +128,19 @@ async def test_retries_connection_errors() -> None:
     assert sample("memstream_llm_retries_total", model="scripted", task="t") == before + 2
 
 
-async def test_gives_up_after_the_last_attempt() -> None:
+async def test_an_unreachable_server_is_waited_out_beyond_the_attempts() -> None:
     flaky = FlakyLLM(ScriptedLLM({"t": lambda r: "ok"}), failures=5, error=ConnectionError("refused"))
-    with pytest.raises(ConnectionError):
-        await RetryingLLM(flaky, attempts=2, backoff_s=0.001).complete(ask())
-    assert flaky.attempts == 2
+    response = await RetryingLLM(flaky, attempts=2, outage_s=30.0, backoff_s=0.001, max_backoff_s=0.01).complete(ask())
+    assert response.text == "ok"
+    assert flaky.attempts == 6
+
+
+async def test_gives_up_when_the_outage_outlasts_its_window() -> None:
+    flaky = FlakyLLM(ScriptedLLM({"t": lambda r: "ok"}), failures=10_000, error=ConnectionError("refused"))
+    with pytest.raises(BackendUnavailable) as raised:
+        await RetryingLLM(flaky, attempts=2, outage_s=0.05, backoff_s=0.001, max_backoff_s=0.01).complete(ask())
+    assert raised.value.backend == "llm" and raised.value.attempts == flaky.attempts >= 2
+    assert attempts_made(raised.value) == flaky.attempts
 
 
 async def test_does_not_retry_other_errors() -> None:
@@ -143,8 +152,9 @@ async def test_does_not_retry_other_errors() -> None:
 
 async def test_timeout_is_retried_then_raised() -> None:
     slow = ScriptedLLM({"t": lambda r: "late"}, delay_s=5.0)
-    with pytest.raises(TimeoutError):
+    with pytest.raises(BackendUnavailable) as raised:
         await RetryingLLM(slow, attempts=2, timeout_s=0.05, backoff_s=0.001).complete(ask())
+    assert isinstance(raised.value.__cause__, TimeoutError)
     assert len(slow.calls) == 2
     assert slow.in_flight == 0
 

@@ -55,11 +55,13 @@ class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache):
         *,
         prefix: str = "Memstream",
         timeout_s: float = 30.0,
+        outage_s: float = 600.0,
     ) -> Self:
-        graph = await DgraphGraphStore.open(dgraph, timeout_s=timeout_s)
+        """``outage_s``: how long each call waits for a server that cannot be reached (``services.backends``)."""
+        graph = await DgraphGraphStore.open(dgraph, timeout_s=timeout_s, outage_s=outage_s)
         try:
             vectors = await WeaviateVectorStore.open(
-                weaviate_http, weaviate_grpc, dim, prefix=prefix, timeout_s=timeout_s
+                weaviate_http, weaviate_grpc, dim, prefix=prefix, timeout_s=timeout_s, outage_s=outage_s
             )
         except BaseException:
             await graph.close()
@@ -77,7 +79,12 @@ class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache):
             raise ValueError(f"MEMSTREAM_STORE=remote needs {', '.join(missing)} (see docs/real-stack.md)")
         assert settings.dgraph and settings.weaviate_http and settings.weaviate_grpc
         return await cls.open(
-            settings.dgraph, settings.weaviate_http, settings.weaviate_grpc, dim, prefix=settings.weaviate_prefix
+            settings.dgraph,
+            settings.weaviate_http,
+            settings.weaviate_grpc,
+            dim,
+            prefix=settings.weaviate_prefix,
+            outage_s=settings.backend_outage_s,
         )
 
     async def close(self) -> None:

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from memstream.broker import wait_for_kafka
 from schemas.events import DeadLetter, Event
+from services.backends import BackendUnavailable
 from services.domain import Stats
 from services.gateway import inputs
 from services.gateway.answers import AnswerBook, AnswerFeed
@@ -208,6 +209,15 @@ def create_app(
     async def broker_unavailable(request: Request, exc: KafkaError) -> JSONResponse:
         log.error("produce_failed", path=request.url.path, error=repr(exc))
         return JSONResponse(status_code=503, content={"detail": f"the broker did not accept the events: {exc!r}"})
+
+    @app.exception_handler(BackendUnavailable)
+    async def store_unavailable(request: Request, exc: BackendUnavailable) -> JSONResponse:
+        log.error("store_unavailable", path=request.url.path, backend=exc.backend, error=str(exc)[:300])
+        return JSONResponse(
+            status_code=503,
+            content={"detail": f"the memory store ({exc.backend}) cannot be reached now; try again shortly"},
+            headers={"Retry-After": "5"},
+        )
 
     @app.exception_handler(sqlite3.Error)
     async def outbox_unavailable(request: Request, exc: sqlite3.Error) -> JSONResponse:

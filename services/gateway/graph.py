@@ -93,12 +93,17 @@ def _edge(t: Triplet, focus: bool) -> GraphEdge:
     return GraphEdge(id=e.id, kind=e.kind.value, source=e.source, target=e.target, relation=e.relation, focus=focus)
 
 
+#: a request waits this long for an unreachable store, then gets 503 with Retry-After (a worker waits far longer)
+GATEWAY_STORE_WAIT_S = 5.0
+
+
 class LazyStore:
     """The configured memory store, opened on first use (the gateway loads no model: the embedder only tells the
     vector size)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+        wait = min(settings.backend_outage_s, GATEWAY_STORE_WAIT_S)
+        self.settings = settings.model_copy(update={"backend_outage_s": wait})
         self._store: MemoryStore | None = None
         self._lock = asyncio.Lock()
 

@@ -66,7 +66,9 @@ def build_llm(settings: Settings, cache: KeyValueCache | None = None, *, inner: 
     The cache sits outside the concurrency limit so that a hit never waits for, or holds, a model slot.
     """
     llm: LLM = inner if inner is not None else build_adapter(settings)
-    llm = RetryingLLM(llm, attempts=settings.llm_retries + 1, timeout_s=settings.llm_timeout_s)
+    llm = RetryingLLM(
+        llm, attempts=settings.llm_retries + 1, timeout_s=settings.llm_timeout_s, outage_s=settings.backend_outage_s
+    )
     llm = LimitedLLM(llm, settings.llm_max_concurrency)
     if cache is not None:
         llm = CachedLLM(llm, cache)
@@ -88,5 +90,10 @@ def build_embedder(settings: Settings) -> Embedder:
             raise ValueError(
                 f"unknown size of Ollama embedding model {settings.embed_model!r}; known: {OLLAMA_EMBED_DIMS}"
             )
-        return OllamaEmbedder(settings.embed_model, dim=OLLAMA_EMBED_DIMS[base], host=settings.ollama_host)
+        return OllamaEmbedder(
+            settings.embed_model,
+            dim=OLLAMA_EMBED_DIMS[base],
+            host=settings.ollama_host,
+            outage_s=settings.backend_outage_s,
+        )
     raise ValueError(f"unknown embedder {settings.embedder!r}")

@@ -15,15 +15,8 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 from pydantic import ValidationError
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
 
+from services.backends import RetryPolicy, refused, timed_out
 from services.logging import get_logger
 from services.metrics import LLM_CACHE, LLM_CALLS, LLM_IN_FLIGHT, LLM_LATENCY, LLM_TOKENS
 from services.ports import LLM, KeyValueCache, LLMRequest, LLMResponse
@@ -110,7 +103,9 @@ class CachedLLM(LLMLayer):
 
 
 class RetryingLLM(LLMLayer):
-    """Retries transport failures and timeouts with jittered exponential backoff.
+    """The LLM call site's retry policy (``services.backends``): a model server that is unreachable is waited
+    out for up to ``outage_s``; a timeout or an overloaded server is tried ``attempts`` times in all, each attempt
+    within ``timeout_s``.
 
     Bad output is not retried here: ``services.llm.task.run_task`` does that, telling the model what was wrong.
     """
@@ -121,47 +116,40 @@ class RetryingLLM(LLMLayer):
         attempts: int = 3,
         timeout_s: float | None = None,
         *,
+        outage_s: float = 600.0,
         backoff_s: float = 0.5,
         max_backoff_s: float = 10.0,
     ) -> None:
         super().__init__(inner)
         self.attempts = max(1, attempts)
         self.timeout_s = timeout_s
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.policy = RetryPolicy(
+            "llm",
+            refused,  # a timeout is a slow model, not a missing one: tried ``attempts`` times only
+            timed_out,
+            attempts=self.attempts,
+            outage_s=outage_s,
+            first_s=backoff_s,
+            max_s=max_backoff_s,
+        )
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
-        def before_sleep(state: RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome else None
-            LLM_RETRIES.labels(self.model, request.task).inc()
-            log.warning(
-                "llm_retry",
-                task=request.task,
-                model=self.model,
-                attempt=state.attempt_number,
-                error=repr(error),
-                wait_s=round(state.upcoming_sleep, 2),
-            )
-
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s) + wait_random(0, self.backoff_s),
-            retry=retry_if_exception_type(TRANSIENT_ERRORS),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
         made = 0
+
+        async def attempt() -> LLMResponse:
+            nonlocal made
+            made += 1
+            if made > 1:
+                LLM_RETRIES.labels(self.model, request.task).inc()
+            async with asyncio.timeout(self.timeout_s):
+                return await self.inner.complete(request)
+
         try:
-            async for attempt in retrying:
-                with attempt:
-                    made = attempt.retry_state.attempt_number
-                    async with asyncio.timeout(self.timeout_s):
-                        return await self.inner.complete(request)
+            return await self.policy.run(request.task, attempt)
         except TRANSIENT_ERRORS as exc:
             exc.add_note(f"{self.model} {request.task}: gave up after {made} attempt(s)")
             exc.llm_attempts = made  # type: ignore[attr-defined]
             raise
-        raise AssertionError("unreachable: tenacity reraises the last error")
 
 
 class LimitedLLM(LLMLayer):

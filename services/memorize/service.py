@@ -14,10 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
-
 from schemas.events import ChatMessage, DeadLetter, Document, MemoryUpdate
 from services import ids, metrics
+from services.backends import BackendUnavailable
 from services.domain import Announcement, ChangeSet, EdgeKind, Vertex, VertexKind
 from services.llm.layers import TRANSIENT_ERRORS, attempts_made
 from services.llm.task import TaskFailed, run_task
@@ -226,7 +225,8 @@ class MemorizeService:
                 await self._halves(user_id, events, outcome, source_topic)
                 return
             log.error("store_write_failed", user_id=user_id, error=repr(exc))
-            self._dead_letter(outcome, events, source_topic, "store_failed", repr(exc), 3)
+            reason = "store_unavailable" if isinstance(exc, BackendUnavailable) else "store_failed"
+            self._dead_letter(outcome, events, source_topic, reason, repr(exc), getattr(exc, "attempts", 1))
             return
         if announcement is None:  # another worker applied these events meanwhile (a rebalance): its news, if pending
             await self._pending(user_id, event_ids, outcome)
@@ -335,11 +335,7 @@ class MemorizeService:
         self, change_set: ChangeSet, events: list[MemoryEvent], known_vectors: dict[str, list[float]]
     ) -> Announcement | None:
         vectors = await self._vectors(change_set, known_vectors)
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2), reraise=True
-        ):
-            with attempt:
-                result = await self.store.apply(change_set, vectors)
+        result = await self.store.apply(change_set, vectors)  # the store's call sites retry (services.backends)
         if result.announcement is None:
             return None
         committed = result.announcement.committed_at

@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any, Self
 
+import grpc
 import pydgraph
 from prometheus_client import Histogram
 from pydgraph import AsyncDgraphClient, AsyncDgraphClientStub
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
 
+from services.backends import RetryPolicy
 from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex, VertexKind
 from services.logging import get_logger
 from services.ports import AnnouncementLog, GraphStore, KeyValueCache
@@ -44,8 +45,24 @@ DGRAPH_LATENCY = Histogram(
     ["op"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
-#: Worth another attempt: a lost write conflict, or the cluster briefly unreachable or not ready.
-TRANSIENT = (pydgraph.AbortedError, pydgraph.RetriableError, pydgraph.ConnectionError)
+_UNREACHABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+#: gRPC backs off up to 120 s between reconnects by default: after an outage, calls would wait for it long after
+#: alpha is back. Capped at the retry policy's own ceiling.
+RECONNECT = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 5000))
+
+
+def unreachable(error: BaseException) -> bool:
+    """Alpha could not be reached, or did not answer within the call's deadline (every call is idempotent)."""
+    if isinstance(error, pydgraph.ConnectionError | ConnectionError | TimeoutError):
+        return True
+    return isinstance(error, grpc.RpcError) and getattr(error, "code", lambda: None)() in _UNREACHABLE_CODES
+
+
+def transient(error: BaseException) -> bool:
+    """Reachable, and worth another attempt: a lost write conflict, or the cluster not ready yet."""
+    return isinstance(error, pydgraph.AbortedError | pydgraph.RetriableError)
 
 
 def schema_text() -> str:
@@ -54,23 +71,32 @@ def schema_text() -> str:
 
 
 class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
-    def __init__(self, address: str, *, timeout_s: float = 30.0, attempts: int = 5) -> None:
-        """``address``: alpha's gRPC ``host:port``. Call ``open`` (or ``connect``) before use."""
+    def __init__(self, address: str, *, timeout_s: float = 30.0, attempts: int = 5, outage_s: float = 600.0) -> None:
+        """``address``: alpha's gRPC ``host:port``; ``outage_s``: how long a call waits for an unreachable alpha.
+        Call ``open`` (or ``connect``) before use."""
         self.address = address
         self.timeout_s = timeout_s
-        self.attempts = max(1, attempts)
+        self.policy = RetryPolicy("dgraph", unreachable, transient, attempts=attempts, outage_s=outage_s, first_s=0.05)
         self._stub: AsyncDgraphClientStub | None = None
         self._client: AsyncDgraphClient | None = None
 
     @classmethod
-    async def open(cls, address: str, *, timeout_s: float = 30.0, attempts: int = 5, apply_schema: bool = True) -> Self:
-        store = cls(address, timeout_s=timeout_s, attempts=attempts)
+    async def open(
+        cls,
+        address: str,
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = 5,
+        outage_s: float = 600.0,
+        apply_schema: bool = True,
+    ) -> Self:
+        store = cls(address, timeout_s=timeout_s, attempts=attempts, outage_s=outage_s)
         await store.connect(apply_schema=apply_schema)
         return store
 
     async def connect(self, apply_schema: bool = True) -> None:
         # the gRPC channel belongs to the running event loop, so it is made here and not in __init__
-        self._stub = AsyncDgraphClientStub(self.address)
+        self._stub = AsyncDgraphClientStub(self.address, options=list(RECONNECT))
         self._client = AsyncDgraphClient(self._stub)
         try:
             version = await self._retrying("version", lambda: self.client.check_version(timeout=self.timeout_s))
@@ -99,17 +125,7 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
     async def _retrying(self, op: str, call: Any) -> Any:
         started = time.perf_counter()
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(TRANSIENT),
-                stop=stop_after_attempt(self.attempts),
-                wait=wait_exponential(multiplier=0.05, max=2) + wait_random(0, 0.05),
-                reraise=True,
-            ):
-                with attempt:
-                    if attempt.retry_state.attempt_number > 1:
-                        log.info("dgraph_retry", op=op, attempt=attempt.retry_state.attempt_number)
-                    return await call()
-            raise AssertionError("unreachable: tenacity re-raises the last error")
+            return await self.policy.run(op, call)
         finally:
             DGRAPH_LATENCY.labels(op=op).observe(time.perf_counter() - started)
 

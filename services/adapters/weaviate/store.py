@@ -14,9 +14,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self, TypeVar
 
+import httpx
 import weaviate
 from prometheus_client import Histogram
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 from weaviate.classes.data import DataObject
 from weaviate.classes.query import Filter, MetadataQuery
 from weaviate.client import WeaviateAsyncClient
@@ -28,9 +28,11 @@ from weaviate.exceptions import (
     WeaviateGRPCUnavailableError,
     WeaviateInsertManyAllFailedError,
     WeaviateQueryError,
+    WeaviateTimeoutError,
 )
 
 from services.adapters.sqlite.search import HYBRID_DEPTH, fuse
+from services.backends import RetryPolicy
 from services.logging import get_logger
 from services.ports import Vector, VectorHit, VectorItem, VectorStore
 
@@ -57,7 +59,36 @@ WEAVIATE_LATENCY = Histogram(
     ["op"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
-TRANSIENT = (WeaviateConnectionError, WeaviateGRPCUnavailableError)
+_UNREACHABLE = (
+    WeaviateConnectionError,
+    WeaviateGRPCUnavailableError,
+    WeaviateTimeoutError,
+    ConnectionError,
+    TimeoutError,
+)
+#: how the client words a query or batch that failed because the server was unreachable (it wraps the gRPC error)
+_UNREACHABLE_WORDS = (
+    "StatusCode.UNAVAILABLE",
+    "StatusCode.DEADLINE_EXCEEDED",
+    "failed to connect",
+    "Connection refused",
+)
+
+
+def unreachable(error: BaseException) -> bool:
+    """Weaviate could not be reached or did not answer in time (every call made through the policy is idempotent)."""
+    if isinstance(error, (*_UNREACHABLE, httpx.TransportError)):
+        return True
+    if isinstance(error, (WeaviateQueryError, WeaviateInsertManyAllFailedError, UnexpectedStatusCodeError)):
+        return any(word in str(error) for word in _UNREACHABLE_WORDS)
+    return False
+
+
+#: The client retries a gRPC call that finds the server unreachable by itself, 6 times over 63 s (1 + 2 + ... + 32
+#: s; not configurable in weaviate-client 4). A query attempt ends after this long, so that an outage is seen,
+#: counted and waited out by the one policy (``services.backends``), and a gateway read answers 503 in seconds.
+#: Writes keep the whole ``timeout_s``: a large batch under load may take that long without anything being wrong.
+QUERY_ATTEMPT_S = 10.0
 BATCH_SIZE = 500
 MAX_QUERY_TOKENS = 64
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -95,6 +126,7 @@ class WeaviateVectorStore(VectorStore):
         prefix: str = "Memstream",
         timeout_s: float = 30.0,
         attempts: int = 3,
+        outage_s: float = 600.0,
     ) -> None:
         """``http``/``grpc``: ``host:port`` of Weaviate's REST and gRPC ports. Call ``open`` before use."""
         if dim <= 0:
@@ -103,32 +135,49 @@ class WeaviateVectorStore(VectorStore):
         self.dim = dim
         self.prefix = check_prefix(prefix)
         self.timeout_s = timeout_s
-        self.attempts = max(1, attempts)
+        self.policy = RetryPolicy("weaviate", unreachable, attempts=attempts, outage_s=outage_s, first_s=0.1)
         self._client: WeaviateAsyncClient | None = None
 
     @classmethod
     async def open(
-        cls, http: str, grpc: str, dim: int, *, prefix: str = "Memstream", timeout_s: float = 30.0, attempts: int = 3
+        cls,
+        http: str,
+        grpc: str,
+        dim: int,
+        *,
+        prefix: str = "Memstream",
+        timeout_s: float = 30.0,
+        attempts: int = 3,
+        outage_s: float = 600.0,
     ) -> Self:
-        store = cls(http, grpc, dim, prefix=prefix, timeout_s=timeout_s, attempts=attempts)
+        store = cls(http, grpc, dim, prefix=prefix, timeout_s=timeout_s, attempts=attempts, outage_s=outage_s)
         await store.connect()
         return store
 
     async def connect(self) -> None:
         (http_host, http_port), (grpc_host, grpc_port) = _endpoint(self.http), _endpoint(self.grpc)
         timeout = Timeout(query=self.timeout_s, insert=self.timeout_s, init=min(self.timeout_s, 10))
-        self._client = weaviate.use_async_with_custom(
-            http_host,
-            http_port,
-            False,
-            grpc_host,
-            grpc_port,
-            False,
-            additional_config=AdditionalConfig(timeout=timeout),
-        )
+
+        async def attempt() -> None:
+            client = weaviate.use_async_with_custom(
+                http_host,
+                http_port,
+                False,
+                grpc_host,
+                grpc_port,
+                False,
+                additional_config=AdditionalConfig(timeout=timeout),
+            )
+            try:
+                await client.connect()
+            except BaseException:
+                await client.close()
+                raise
+            self._client = client
+
         try:
-            await self._client.connect()
-            await self.ensure_collections()
+            await self._retrying("connect", attempt, attempt_s=self.timeout_s)
+            await self._retrying("ensure_collections", self.ensure_collections, attempt_s=self.timeout_s)
         except BaseException:
             await self.close()
             raise
@@ -175,18 +224,14 @@ class WeaviateVectorStore(VectorStore):
     def _tenant(self, kind: str, user_id: str) -> CollectionAsync[Any, Any]:
         return self.client.collections.get(collection_name(self.prefix, kind)).with_tenant(tenant_name(user_id))
 
-    async def _retrying(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _retrying(self, op: str, call: Callable[[], Awaitable[T]], attempt_s: float = QUERY_ATTEMPT_S) -> T:
+        async def attempt() -> T:
+            async with asyncio.timeout(min(attempt_s, self.timeout_s)):
+                return await call()
+
         started = time.perf_counter()
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(TRANSIENT),
-                stop=stop_after_attempt(self.attempts),
-                wait=wait_exponential(multiplier=0.1, max=2),
-                reraise=True,
-            ):
-                with attempt:
-                    return await call()
-            raise AssertionError("unreachable: tenacity re-raises the last error")
+            return await self.policy.run(op, attempt)
         finally:
             WEAVIATE_LATENCY.labels(op=op).observe(time.perf_counter() - started)
 
@@ -246,7 +291,9 @@ class WeaviateVectorStore(VectorStore):
             for start in range(0, len(kind_items), BATCH_SIZE)
         ]
         if batches:
-            await self._retrying("upsert", lambda: asyncio.gather(*(write(k, b) for k, b in batches)))
+            await self._retrying(
+                "upsert", lambda: asyncio.gather(*(write(k, b) for k, b in batches)), attempt_s=self.timeout_s
+            )
 
     async def delete_user(self, user_id: str) -> None:
         """Drop this user's tenant from every collection."""
