@@ -14,6 +14,10 @@ from services.ports import LLM, LLMRequest, LLMResponse
 Responder = Callable[[LLMRequest], str | dict[str, Any]]
 
 
+#: how many of its latest requests a scripted LLM keeps
+CALLS_KEPT = 1000
+
+
 class ScriptedLLM(LLM):
     """Replies per task name: a queue of canned replies, or a function of the request.
 
@@ -30,7 +34,8 @@ class ScriptedLLM(LLM):
         self.responders: dict[str, Responder] = dict(responders or {})
         self.queues: dict[str, deque[str]] = defaultdict(deque)
         self.delay_s = delay_s
-        self.calls: list[LLMRequest] = []
+        # the latest requests, for tests to inspect; bounded, since a soak or a demo worker runs it for hours
+        self.calls: deque[LLMRequest] = deque(maxlen=CALLS_KEPT)
         self.in_flight = 0
         self.max_in_flight = 0
 
