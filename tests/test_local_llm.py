@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from services.adapters.llamacpp import LlamaCppError, LlamaCppLLM, ensure_model, unload_all, weights
 from services.adapters.llamacpp.llm import strip_think
 from services.adapters.ollama import OllamaEmbedder, OllamaLLM
+from services.backends import BackendUnavailable
 from services.llm.layers import RetryingLLM
 from services.llm.task import LLMTask, TaskFailed, run_task
 from services.ports import LLMMessage, LLMRequest
@@ -203,8 +204,9 @@ async def test_concurrent_calls_and_cancellation(small_llm: LlamaCppLLM) -> None
 
     cancelled_before = engine.cancelled
     long = LLMRequest(task="essay", messages=[LLMMessage(role="user", content="Write a long essay.")], max_tokens=500)
-    with pytest.raises(TimeoutError):
+    with pytest.raises(BackendUnavailable) as raised:
         await RetryingLLM(small_llm, attempts=1, timeout_s=0.3).complete(long)
+    assert isinstance(raised.value.__cause__, TimeoutError)
     # the timed-out caller's generation is stopped at its next token, not run on to 500 tokens
     deadline = time.monotonic() + 60
     while engine.cancelled == cancelled_before:
@@ -264,7 +266,7 @@ async def test_ollama_unreachable_is_a_transport_error() -> None:
     request = LLMRequest(task="t", messages=[LLMMessage(role="user", content="hi")])
     with pytest.raises(ConnectionError):
         await llm.complete(request)
-    embedder = OllamaEmbedder(host=closed_port_url(), timeout_s=2)
+    embedder = OllamaEmbedder(host=closed_port_url(), timeout_s=2, outage_s=0.5)  # waits 0.5 s for the server, not 600
     with pytest.raises(ConnectionError):
         await embedder.embed(["hi"])
     await llm.close()

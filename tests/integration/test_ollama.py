@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.ollama import OllamaLLM
+from services.backends import BackendUnavailable
 from services.llm.factory import build_embedder, build_llm
 from services.llm.layers import RetryingLLM
 from services.llm.task import LLMTask, run_task
@@ -118,8 +119,9 @@ async def test_timeouts_are_bounded_and_the_server_recovers(ollama: tuple[str, s
     retries = REGISTRY.get_sample_value("memstream_llm_retries_total", {"model": model, "task": "essay"}) or 0.0
     slow = RetryingLLM(OllamaLLM(model, host=host, stall_timeout_s=240), attempts=2, timeout_s=0.5, backoff_s=0.1)
     started = time.monotonic()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(BackendUnavailable) as raised:  # the LLM call site's policy gave up
         await slow.complete(essay)
+    assert isinstance(raised.value.__cause__, TimeoutError) and raised.value.attempts == 2
     assert time.monotonic() - started < 5  # two attempts of half a second, one short pause
     assert REGISTRY.get_sample_value("memstream_llm_retries_total", {"model": model, "task": "essay"}) == retries + 1
     await slow.close()
