@@ -81,16 +81,9 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
         self._client: AsyncDgraphClient | None = None
 
     @classmethod
-    async def open(
-        cls,
-        address: str,
-        *,
-        timeout_s: float = 30.0,
-        attempts: int = 5,
-        outage_s: float = 600.0,
-        apply_schema: bool = True,
-    ) -> Self:
-        store = cls(address, timeout_s=timeout_s, attempts=attempts, outage_s=outage_s)
+    async def open(cls, address: str, *, apply_schema: bool = True, **options: Any) -> Self:
+        """A connected store; ``options`` are the constructor's."""
+        store = cls(address, **options)
         await store.connect(apply_schema=apply_schema)
         return store
 

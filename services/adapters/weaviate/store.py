@@ -139,18 +139,9 @@ class WeaviateVectorStore(VectorStore):
         self._client: WeaviateAsyncClient | None = None
 
     @classmethod
-    async def open(
-        cls,
-        http: str,
-        grpc: str,
-        dim: int,
-        *,
-        prefix: str = "Memstream",
-        timeout_s: float = 30.0,
-        attempts: int = 3,
-        outage_s: float = 600.0,
-    ) -> Self:
-        store = cls(http, grpc, dim, prefix=prefix, timeout_s=timeout_s, attempts=attempts, outage_s=outage_s)
+    async def open(cls, http: str, grpc: str, dim: int, **options: Any) -> Self:
+        """A connected store; ``options`` are the constructor's."""
+        store = cls(http, grpc, dim, **options)
         await store.connect()
         return store
 
