@@ -30,8 +30,8 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutErr
 
 
 def attempts_made(exc: BaseException) -> int:
-    """How many times ``RetryingLLM`` tried before it gave up with ``exc`` (1 if it did not retry)."""
-    return int(getattr(exc, "llm_attempts", 1))
+    """How many times the call was tried before it failed with ``exc``: a ``BackendUnavailable`` says, else 1."""
+    return int(getattr(exc, "attempts", 1))
 
 
 class LLMLayer(LLM):
@@ -144,12 +144,7 @@ class RetryingLLM(LLMLayer):
             async with asyncio.timeout(self.timeout_s):
                 return await self.inner.complete(request)
 
-        try:
-            return await self.policy.run(request.task, attempt)
-        except TRANSIENT_ERRORS as exc:
-            exc.add_note(f"{self.model} {request.task}: gave up after {made} attempt(s)")
-            exc.llm_attempts = made  # type: ignore[attr-defined]
-            raise
+        return await self.policy.run(request.task, attempt)  # gives up as BackendUnavailable, attempts in it
 
 
 class LimitedLLM(LLMLayer):
