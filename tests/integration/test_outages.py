@@ -107,6 +107,17 @@ def stats(settings: Settings, user: str) -> Stats:
     return asyncio.run(_stats(settings, user))
 
 
+def started(
+    settings: Settings, exits: ExitStack, admin_key_env: Callable[[Settings], AbstractContextManager[str]]
+) -> Stack:
+    """A running stack on ``settings``, stopped when ``exits`` closes, with an admin key in the environment."""
+    stack = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=180)
+    asyncio.run(stack.start())
+    exits.callback(stack.stop)
+    exits.enter_context(admin_key_env(settings))
+    return stack
+
+
 @pytest.fixture(params=["dgraph", "weaviate"])
 def cut(
     request: pytest.FixtureRequest,
@@ -152,11 +163,7 @@ def cut(
             batch_wait_s=0.5,
             **common,
         )
-        stack = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=180)
-        asyncio.run(stack.start())
-        exits.callback(stack.stop)
-        exits.enter_context(admin_key_env(settings))
-        yield Cut(stack, blackouts, backend, direct)
+        yield Cut(started(settings, exits, admin_key_env), blackouts, backend, direct)
 
 
 def test_a_store_outage_pauses_ingest_and_questions_and_they_resume_with_nothing_lost(cut: Cut) -> None:
@@ -236,11 +243,7 @@ def llm_cut(
             qa_engine="simple",
             batch_wait_s=1.0,
         )
-        stack = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=180)
-        asyncio.run(stack.start())
-        exits.callback(stack.stop)
-        exits.enter_context(admin_key_env(settings))
-        yield Cut(stack, [blackout], "llm", settings)
+        yield Cut(started(settings, exits, admin_key_env), [blackout], "llm", settings)
 
 
 def test_a_model_server_outage_pauses_memorize_and_answers_and_they_resume(llm_cut: Cut) -> None:
