@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from schemas.validation import Timestamp, valid_name, valid_text
 
@@ -72,6 +72,51 @@ class MemoryUpdate(Event):
     theses_added: int = 0
     theses_invalidated: int = 0
     llm_calls: int = 0
+    committed_at: Timestamp = Field(default_factory=utcnow)
+
+
+class ForgetScope(StrEnum):
+    MESSAGE = "message"  # one chat message: ``target`` is its event id
+    DOCUMENT = "document"  # every event of one document: ``target`` is its document id
+    CONVERSATION = "conversation"  # every message of one conversation: ``target`` is its conversation id
+    USER = "user"  # the user's whole memory: no ``target``
+
+
+class Forget(Event):
+    """A tombstone: forget what the user said or wrote, and everything memory derived from it alone.
+
+    It travels on the topic of what it forgets (chat: messages, conversations; documents: documents; a user: both),
+    keyed by the user, so every worker applies it in order with that user's other events: what was accepted before
+    it is forgotten, what comes after is new memory. Its ``event_id`` is the forget id."""
+
+    kind: Literal["forget"] = "forget"
+    scope: ForgetScope
+    target: Identifier | None = Field(default=None, description="Event, document or conversation id; none for a user.")
+
+    @model_validator(mode="after")
+    def _target_matches_scope(self) -> Forget:
+        if (self.scope is ForgetScope.USER) != (self.target is None):
+            raise ValueError("a user forget names no target; a message, document or conversation forget names one")
+        return self
+
+
+class MemoryForgotten(Event):
+    """A forget applied by the store: emitted on the memory-update topic after the erasure committed, so readers
+    that keep derived copies (answers, traces, dead letters) drop theirs. ``event_id`` is the forget id; a replay
+    emits the same record again."""
+
+    kind: Literal["memory_forgotten"] = "memory_forgotten"
+    forget_id: str
+    source_topic: str = Field(description="The topic its tombstone came on (a user forget comes on two).")
+    scope: ForgetScope
+    target: str | None = None
+    removed_all: bool = Field(default=False, description="The user's whole memory went (removed_ids not listed).")
+    source_event_ids: list[str] = Field(default_factory=list, description="The events whose memory was erased.")
+    removed_ids: list[str] = Field(default_factory=list, description="Vertex and edge ids no longer in memory.")
+    vertices_removed: int = 0
+    edges_removed: int = 0
+    theses_restored: int = Field(default=0, description="Theses a removed thesis had invalidated: valid again.")
+    cache_entries_removed: int = 0
     committed_at: Timestamp = Field(default_factory=utcnow)
 
 
@@ -198,6 +243,8 @@ CONTRACTS: dict[str, type[BaseModel]] = {
     "chat_message": ChatMessage,
     "document": Document,
     "memory_update": MemoryUpdate,
+    "forget": Forget,
+    "memory_forgotten": MemoryForgotten,
     "query": Query,
     "stage_event": StageEvent,
     "answer": Answer,
