@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
-from services.ports import LLM, Embedder, KeyValueCache, MemoryStore
+from services.ports import LLM, Embedder, ForgetStore, KeyValueCache, MemoryStore
 from services.qa.pipeline import PlanningQA, QAConfig
 from services.qa.service import QAEngine, QAService
 from services.qa.simple import SimpleQA
@@ -21,6 +22,7 @@ class Services:
     llm: LLM
     embedder: Embedder
     memorize: MemorizeService
+    forget: ForgetService
     qa: QAService
 
     async def close(self) -> None:
@@ -63,6 +65,9 @@ async def build_services(settings: Settings, llm: LLM | None = None) -> Services
         else:
             llm = build_llm(settings, cache=cache)
     memorize = MemorizeService(store, llm, embedder, settings)
+    if not isinstance(store, ForgetStore):
+        raise TypeError(f"{type(store).__name__} cannot forget: it must implement ForgetStore")
+    forget = ForgetService(store, store, cache)
     engine: QAEngine
     if settings.qa_engine == "planning":
         engine = PlanningQA(
@@ -76,4 +81,4 @@ async def build_services(settings: Settings, llm: LLM | None = None) -> Services
     else:
         engine = SimpleQA(store, embedder, llm, top_k=settings.qa_top_k)
     qa = QAService(engine)
-    return Services(settings, store, llm, embedder, memorize, qa)
+    return Services(settings, store, llm, embedder, memorize, forget, qa)

@@ -187,3 +187,25 @@ class Stats(BaseModel):
     theses_valid: int
     theses_invalidated: int
     events: int
+
+
+class Erasure(BaseModel):
+    """What one forget removes from a user's memory and what it repairs, computed by ``services.memorize.forget``.
+
+    ``put_vertices``/``put_edges`` replace kept items whole: a thesis a removed thesis had invalidated is valid
+    again, and a kept item whose first source was forgotten takes its times from the next one. ``event_ids`` are
+    recorded as forgotten (a replay or a redelivery of one of them memorizes nothing), and ``outcome`` (the
+    MemoryForgotten JSON) is kept under ``forget_id`` so a replayed tombstone announces the same thing again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    forget_id: str
+    user_id: str
+    event_ids: list[str] = Field(default_factory=list)
+    delete_vertices: list[str] = Field(default_factory=list)
+    delete_edges: list[str] = Field(default_factory=list)
+    delete_vectors: list[str] = Field(default_factory=list, description="Vertex and relation-edge ids indexed.")
+    put_vertices: list[Vertex] = Field(default_factory=list)
+    put_edges: list[Edge] = Field(default_factory=list)
+    whole_user: bool = Field(default=False, description="Everything of the user goes; the lists are not used.")
+    outcome: str = ""

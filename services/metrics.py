@@ -27,6 +27,8 @@ MEMORY_UPDATES_REANNOUNCED = Counter(
     "memstream_memory_updates_reannounced_total",
     "Memory updates published again on replay: written before a crash, not yet marked announced",
 )
+FORGETS = Counter("memstream_forgets_total", "Forget tombstones applied", ["scope", "outcome"])
+FORGOTTEN = Counter("memstream_forgotten_total", "What forgets removed or repaired", ["what"])
 MEMORIZE_CHANGES = Counter("memstream_memorize_changes_total", "Vertices/edges written", ["what"])
 EXTRACTION_FAILURES = Counter("memstream_extraction_failures_total", "Extraction calls that failed", ["reason"])
 LLM_REJECTED = Counter(

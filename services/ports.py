@@ -13,7 +13,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex, VertexKind
+from services.domain import (
+    Announcement,
+    ApplyResult,
+    ChangeSet,
+    EdgeKind,
+    Erasure,
+    Stats,
+    Triplet,
+    Vertex,
+    VertexKind,
+)
 
 Vector = Sequence[float]
 
@@ -122,14 +132,52 @@ class AnnouncementLog(ABC):
         """The broker acknowledged these announcements: they are no longer pending (unknown ids are ignored)."""
 
 
+class ForgetStore(ABC):
+    """The reads and the one write that forgetting needs (``services.memorize.forget``)."""
+
+    @abstractmethod
+    async def episodes(self, user_id: str, match: Mapping[str, str] | None) -> list[Vertex]:
+        """The user's episodes whose props hold every ``match`` item (``{"event_id": ...}``, ``{"document_id":
+        ...}``, ``{"conversation_id": ...}``); ``None``: all of them."""
+
+    @abstractmethod
+    async def invalidated_by(self, user_id: str, thesis_ids: Sequence[str]) -> list[Vertex]:
+        """Theses whose ``invalidated_by`` is one of ``thesis_ids``."""
+
+    @abstractmethod
+    async def forget_outcome(self, user_id: str, forget_id: str) -> str | None:
+        """The outcome an applied forget kept (``Erasure.outcome``); None if it was never applied."""
+
+    @abstractmethod
+    async def erase(self, erasure: Erasure) -> None:
+        """Apply ``erasure``. Embedded: one transaction. Remote: vectors first, then one graph transaction that
+        also records the forgotten events and the outcome, so a crash in between is repaired by the replay of the
+        tombstone (which computes the same erasure from the untouched graph)."""
+
+
+class CacheScope(BaseModel):
+    """Whose text a cached LLM answer was built from: the user, and the events when they are known (extraction).
+    An entry with no events (questions, contradiction checks) may quote any of the user's memory."""
+
+    model_config = ConfigDict(frozen=True)
+
+    user_id: str
+    event_ids: tuple[str, ...] = ()
+
+
 class KeyValueCache(ABC):
-    """Persistent cache (LLM calls)."""
+    """Persistent cache (LLM calls), with the scope each entry was built from, so forgetting can remove it."""
 
     @abstractmethod
     async def get(self, key: str) -> str | None: ...
 
     @abstractmethod
-    async def put(self, key: str, value: str) -> None: ...
+    async def put(self, key: str, value: str, scope: CacheScope | None = None) -> None: ...
+
+    @abstractmethod
+    async def forget(self, user_id: str, event_ids: Sequence[str] | None) -> int:
+        """Remove the user's entries built from any of ``event_ids`` and those with no events; ``None``: every
+        entry of the user. Returns how many went."""
 
 
 class Embedder(ABC):
@@ -198,7 +246,9 @@ def as_of_filter(when: datetime | None) -> Any:
 __all__ = [
     "LLM",
     "AnnouncementLog",
+    "CacheScope",
     "Embedder",
+    "ForgetStore",
     "GraphStore",
     "KeyValueCache",
     "LLMMessage",

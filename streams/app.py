@@ -19,6 +19,7 @@ from typing import Any, cast
 import faust
 
 from services.container import Services
+from services.kafka_security import kafka_ssl_context, sasl_credentials
 from services.settings import Settings
 from streams.handlers import MemorizeHandler, QAHandler, Record
 from streams.holdback import Holdback
@@ -39,9 +40,26 @@ class FaustPublisher:
         await producer.send_and_wait(topic, key, value, partition=None, timestamp=None, headers=None)
 
 
+def faust_credentials(settings: Settings) -> faust.types.auth.CredentialsT | None:
+    """The worker's Kafka security, the same as every aiokafka client's (``services.kafka_security``): SASL (with
+    TLS for SASL_SSL), TLS alone (SSL, with a client certificate for mTLS), or None for PLAINTEXT."""
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    context = kafka_ssl_context(settings)
+    credentials = sasl_credentials(settings)
+    if credentials is None:
+        return faust.SSLCredentials(context)
+    username, password = credentials
+    return faust.SASLCredentials(
+        username=username, password=password, ssl_context=context, mechanism=settings.kafka_sasl_mechanism
+    )
+
+
 def faust_options(settings: Settings, bootstrap: str, web_port: int | None = None) -> dict[str, Any]:
     session = settings.broker_session_timeout_s
     return {
+        "broker_credentials": faust_credentials(settings),
         "broker": ";".join(f"kafka://{server.strip()}" for server in bootstrap.split(",")),
         "datadir": str(settings.data_dir / "faust"),
         "processing_guarantee": "at_least_once",
@@ -70,7 +88,7 @@ def create_app(settings: Settings, bootstrap: str, services: Services, web_port:
     topics = TopicNames.from_settings(settings)
     app = faust.App(settings.consumer_group, **faust_options(settings, bootstrap, web_port))
     publisher = FaustPublisher(app)
-    memorize_handler = MemorizeHandler(services.memorize, publisher, topics)
+    memorize_handler = MemorizeHandler(services.memorize, publisher, topics, services.forget)
     qa_handler = QAHandler(services.qa, publisher, topics)
 
     memory_events = app.topic(topics.chat, topics.documents, key_serializer="raw", value_serializer="raw")

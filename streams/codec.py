@@ -78,6 +78,17 @@ def decode_keyed(key: bytes | None, raw: bytes | None, model: type[E]) -> E:
     return event
 
 
+def is_tombstone(raw: bytes | None) -> bool:
+    """Whether a record on a memory topic is a ``Forget`` (its kind says so; decoding then checks the rest)."""
+    if not raw or b'"forget"' not in raw:
+        return False  # cheap: most records are messages, whose JSON never holds the quoted word alone
+    try:
+        data = parse_json(raw, MAX_RECORD_BYTES, "the record")
+    except MalformedJSON:
+        return False
+    return isinstance(data, dict) and data.get("kind") == "forget"
+
+
 def _ids(data: object) -> tuple[str | None, str | None]:
     return _id_field(data, "user_id", _USER_ID), _id_field(data, "event_id", _EVENT_ID)
 

@@ -22,6 +22,8 @@ from schemas.events import (
     DeadLetter,
     Document,
     Event,
+    Forget,
+    MemoryForgotten,
     MemoryUpdate,
     Query,
     StageEvent,
@@ -30,7 +32,16 @@ from services import metrics
 from services.llm.layers import TRANSIENT_ERRORS
 from services.logging import get_logger
 from services.observability.context import bind, log_context
-from streams.codec import INVALID_EVENT, PROCESSING_FAILED, InvalidEvent, dead_letter, decode_keyed, encode, user_key
+from streams.codec import (
+    INVALID_EVENT,
+    PROCESSING_FAILED,
+    InvalidEvent,
+    dead_letter,
+    decode_keyed,
+    encode,
+    is_tombstone,
+    user_key,
+)
 from streams.topics import TopicNames
 
 log = get_logger(__name__)
@@ -65,6 +76,11 @@ class Memorizer(Protocol):
 
     async def announced(self, updates: Sequence[MemoryUpdate]) -> None:
         """These updates were published: the store stops keeping them for a replay to announce."""
+
+
+class Forgetter(Protocol):
+    async def forget(self, tombstone: Forget, source_topic: str) -> MemoryForgotten:
+        """Apply the tombstone (again, if it was: the same outcome comes back)."""
 
 
 class Answerer(Protocol):
@@ -123,8 +139,13 @@ async def decoded(publisher: Publisher, topics: TopicNames, record: Record, mode
 class MemorizeHandler:
     """Chat messages and documents -> memorize service -> memory updates (and dead letters)."""
 
-    def __init__(self, memorizer: Memorizer, publisher: Publisher, topics: TopicNames) -> None:
+    def __init__(
+        self, memorizer: Memorizer, publisher: Publisher, topics: TopicNames, forgetter: Forgetter | None = None
+    ) -> None:
+        """``forgetter``: applies the tombstones on these topics; without one they are dead-lettered, never
+        skipped."""
         self.memorizer = memorizer
+        self.forgetter = forgetter
         self.publisher = publisher
         self.topics = topics
         self.models: dict[str, type[ChatMessage] | type[Document]] = {
@@ -133,25 +154,63 @@ class MemorizeHandler:
         }
 
     async def handle(self, records: Sequence[Record]) -> None:
-        by_topic: dict[str, list[tuple[MemoryEvent, Record]]] = {}
+        by_topic: dict[str, list[tuple[MemoryEvent | Forget, Record]]] = {}
         for record in records:
             model = self.models.get(record.topic)
             if model is None:
                 continue
-            event = await decoded(self.publisher, self.topics, record, model)
+            # the memory topics carry tombstones too, in order with the user's events
+            kind: type[MemoryEvent] | type[Forget] = Forget if is_tombstone(record.value) else model
+            event = await decoded(self.publisher, self.topics, record, kind)
             if event is None:
                 continue
             by_topic.setdefault(record.topic, []).append((event, record))
         for topic, items in by_topic.items():
             # one call per user (the service works user by user anyway), so its log lines carry the user's ids
-            by_user: dict[str, list[tuple[MemoryEvent, Record]]] = {}
+            by_user: dict[str, list[tuple[MemoryEvent | Forget, Record]]] = {}
             for item in items:
                 by_user.setdefault(item[0].user_id, []).append(item)
             for user_id, user_items in by_user.items():
                 with log_context(user_id=user_id, event_ids=[event.event_id for event, _ in user_items]):
-                    await self._memorize(topic, user_items)
+                    await self._in_order(topic, user_items)
 
-    async def _memorize(self, topic: str, items: list[tuple[MemoryEvent, Record]]) -> None:
+    async def _in_order(self, topic: str, items: list[tuple[MemoryEvent | Forget, Record]]) -> None:
+        """A user's events up to a tombstone are memorized before it is applied, the rest after it."""
+        run: list[tuple[MemoryEvent, Record]] = []
+        for event, record in items:
+            if not isinstance(event, Forget):
+                run.append((event, record))
+                continue
+            if run:
+                await self._memorize(topic, run)
+                run = []
+            await self._forget(topic, event, record)
+        if run:
+            await self._memorize(topic, run)
+
+    async def _forget(self, topic: str, tombstone: Forget, record: Record) -> None:
+        try:
+            if self.forgetter is None:
+                raise RuntimeError("this worker was built without a forgetter: the tombstone cannot be applied")
+            outcome = await self.forgetter.forget(tombstone, topic)
+        except Exception as exc:
+            log.exception("forget_failed", topic=topic, forget_id=tombstone.event_id)
+            reason = "store_unavailable" if isinstance(exc, TRANSIENT_ERRORS) else PROCESSING_FAILED
+            letter = dead_letter(
+                source_topic=topic,
+                reason=reason,
+                error=repr(exc),
+                raw=record.value,
+                user_id=tombstone.user_id,
+                failed_event_ids=[tombstone.event_id],
+            )
+            await send_dead_letter(self.publisher, self.topics, letter)
+            return
+        # on the memory-update topic, so the gateway drops the answers, traces and dead letters that quote it
+        topic_out = self.topics.memory_updates
+        await publish_reliably(self.publisher, topic_out, user_key(outcome.user_id), encode(outcome))
+
+    async def _memorize(self, topic: str, items: Sequence[tuple[MemoryEvent, Record]]) -> None:
         try:
             outcome = await self.memorizer.memorize([event for event, _ in items], topic)
         except Exception as exc:

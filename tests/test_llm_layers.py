@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from services.llm.factory import build_adapter, build_embedder, build_llm
 from services.llm.layers import CachedLLM, LimitedLLM, MeteredLLM, RetryingLLM, attempts_made, cache_key
 from services.llm.scripted import ScriptedLLM
 from services.llm.task import LLMTask, TaskFailed, run_task
-from services.ports import LLM, KeyValueCache, LLMMessage, LLMRequest, LLMResponse
+from services.ports import LLM, CacheScope, KeyValueCache, LLMMessage, LLMRequest, LLMResponse
 from services.settings import Settings
 
 
@@ -27,8 +27,11 @@ class DictCache(KeyValueCache):
     async def get(self, key: str) -> str | None:
         return self.data.get(key)
 
-    async def put(self, key: str, value: str) -> None:
+    async def put(self, key: str, value: str, scope: CacheScope | None = None) -> None:
         self.data[key] = value
+
+    async def forget(self, user_id: str, event_ids: Sequence[str] | None) -> int:
+        raise AssertionError("no test here forgets")
 
 
 class FlakyLLM(LLM):

@@ -16,7 +16,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from schemas.events import CONTRACTS, ChatMessage, DeadLetter, Document, MemoryUpdate, Query
+from schemas.events import (
+    CONTRACTS,
+    ChatMessage,
+    DeadLetter,
+    Document,
+    Forget,
+    ForgetScope,
+    MemoryForgotten,
+    MemoryUpdate,
+    Query,
+)
 from schemas.validation import MAX_JSON_DEPTH, MAX_RECORD_BYTES, MalformedJSON, parse_json
 from streams.codec import KEY_MISMATCH, PAYLOAD_LIMIT, InvalidEvent, decode, encode, payload_text
 from streams.handlers import MemorizeHandler, Record
@@ -276,6 +286,10 @@ def samples() -> dict[str, BaseModel]:
         "chat_message": ChatMessage(**base, speaker="Anna", text="hi"),
         "document": Document(**base, document_id="d1", text="CV", title="CV"),
         "memory_update": MemoryUpdate(**base, change_set_id="c1", source_event_ids=["e0"]),
+        "forget": Forget(**base, scope=ForgetScope.CONVERSATION, target="c1"),
+        "memory_forgotten": MemoryForgotten(
+            **base, forget_id="e1", source_topic="chat", scope=ForgetScope.MESSAGE, target="m1", removed_ids=["t_1"]
+        ),
         "query": query,
         "stage_event": CONTRACTS["stage_event"].model_validate(
             {

@@ -17,9 +17,10 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 
 from services.backends import RetryPolicy, refused, timed_out
+from services.llm.scope import current_scope
 from services.logging import get_logger
 from services.metrics import LLM_CACHE, LLM_CALLS, LLM_IN_FLIGHT, LLM_LATENCY, LLM_TOKENS
-from services.ports import LLM, KeyValueCache, LLMRequest, LLMResponse
+from services.ports import LLM, CacheScope, KeyValueCache, LLMRequest, LLMResponse
 
 log = get_logger(__name__)
 
@@ -51,9 +52,11 @@ class LLMLayer(LLM):
         await self.inner.close()
 
 
-def cache_key(model: str, request: LLMRequest) -> str:
-    """What determines the answer: model, messages, schema, token limit, temperature (not task or metadata)."""
+def cache_key(model: str, request: LLMRequest, user_id: str | None = None) -> str:
+    """What determines the answer: model, messages, schema, token limit, temperature (not task or metadata), and
+    the user it is for: two users' equal prompts never share an entry."""
     payload = {
+        "user": user_id,
         "model": model,
         "messages": [[m.role, m.content] for m in request.messages],
         "json_schema": request.json_schema,
@@ -76,7 +79,8 @@ class CachedLLM(LLMLayer):
         self.cache = cache
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
-        key = cache_key(self.inner.model, request)
+        scope = current_scope()
+        key = cache_key(self.inner.model, request, scope.user_id if scope else None)
         stored = await self.cache.get(key)
         if stored is not None:
             try:
@@ -89,17 +93,18 @@ class CachedLLM(LLMLayer):
         LLM_CACHE.labels(request.task, "miss").inc()
         response = await self.inner.complete(request)
         if not request.validated:
-            await self._store(key, response)
+            await self._store(key, response, scope)
         return response
 
     async def accept(self, request: LLMRequest, response: LLMResponse) -> None:
-        await self._store(cache_key(self.inner.model, request), response)
+        scope = current_scope()
+        await self._store(cache_key(self.inner.model, request, scope.user_id if scope else None), response, scope)
         await self.inner.accept(request, response)
 
-    async def _store(self, key: str, response: LLMResponse) -> None:
+    async def _store(self, key: str, response: LLMResponse, scope: CacheScope | None) -> None:
         if response.finish_reason == "cancelled" or not response.text.strip():
             return  # an empty or cut-short answer is a failure, never a result to replay
-        await self.cache.put(key, response.model_copy(update={"cached": False}).model_dump_json())
+        await self.cache.put(key, response.model_copy(update={"cached": False}).model_dump_json(), scope)
 
 
 class RetryingLLM(LLMLayer):

@@ -19,6 +19,7 @@ from services import ids, metrics
 from services.backends import BackendUnavailable
 from services.domain import Announcement, ChangeSet, EdgeKind, Vertex, VertexKind
 from services.llm.layers import TRANSIENT_ERRORS, attempts_made
+from services.llm.scope import llm_scope
 from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
 from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis_text
@@ -251,13 +252,18 @@ class MemorizeService:
         participants = tuple(dict.fromkeys(u.item.speaker for u in units if u.item.speaker and not u.item.document))
         for batch in self._batches(units):
             data = ExtractionInput(items=[u.item for u in batch], participants=participants)
-            result = await run_task(self.llm, self.extract_task, data, attempts=self.settings.extraction_attempts)
+            # the cached extraction is filed under the events it read, so forgetting one of them removes it
+            with llm_scope(batch[0].event.user_id, (u.event.event_id for u in batch)):
+                result = await run_task(self.llm, self.extract_task, data, attempts=self.settings.extraction_attempts)
             calls += result.calls
             metrics.MEMORIZE_BATCH_SIZE.observe(len(batch))
             missing = [n for n, f in enumerate(result.value) if not f.answered]
             if missing:
                 again = ExtractionInput(items=[batch[n].item for n in missing], participants=participants)
-                retry = await run_task(self.llm, self.extract_task, again, attempts=self.settings.extraction_attempts)
+                with llm_scope(batch[0].event.user_id, (batch[n].event.event_id for n in missing)):
+                    retry = await run_task(
+                        self.llm, self.extract_task, again, attempts=self.settings.extraction_attempts
+                    )
                 calls += retry.calls
                 for n, facts in zip(missing, retry.value, strict=True):
                     result.value[n] = facts
@@ -316,7 +322,8 @@ class MemorizeService:
             Pair(thesis_text(found[u].facts[f]), units[u].item.time, old.name, old.t_valid) for u, f, old in pairs
         ]
         try:
-            result = await run_task(self.llm, _RESOLVE, task_input, attempts=self.settings.extraction_attempts)
+            with llm_scope(user_id):  # it reads known theses too: filed under the user's memory at large
+                result = await run_task(self.llm, _RESOLVE, task_input, attempts=self.settings.extraction_attempts)
         except (TaskFailed, ConnectionError, TimeoutError) as exc:
             # both statements are kept: a missed update is repaired by a later one, a lost fact is not
             metrics.EXTRACTION_FAILURES.labels(reason="resolve_failed").inc()

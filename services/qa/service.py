@@ -7,6 +7,7 @@ from typing import Protocol
 
 from schemas.events import Answer, AnswerStatus, Query
 from services import metrics
+from services.llm.scope import llm_scope
 from services.logging import get_logger
 from services.qa.simple import Emit
 
@@ -23,7 +24,8 @@ class QAService:
 
     async def answer(self, query: Query, emit: Emit | None = None) -> Answer:
         started = time.perf_counter()
-        answer = await self.engine.answer(query, emit)
+        with llm_scope(query.user_id):  # cached calls are the user's own, and go when the user forgets
+            answer = await self.engine.answer(query, emit)
         metrics.QA_LATENCY.observe(time.perf_counter() - started)
         metrics.QA_ANSWERS.labels(status=answer.status.value).inc()
         log.info(

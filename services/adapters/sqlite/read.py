@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import apsw
@@ -14,6 +14,8 @@ from .codec import EDGE_COLUMNS, N_EDGE_COLUMNS, N_VERTEX_COLUMNS, VERTEX_COLUMN
 T = TypeVar("T")
 
 _IN_LIST = "(SELECT value FROM json_each(?))"
+# an applied event recorded as forgotten (its change set id is the forget's, ``f_...``) is bookkeeping, not memory
+MEMORIZED = "change_set_id NOT LIKE 'f\\_%' ESCAPE '\\'"
 # theses newest first (world clock, then ingest clock); id makes ties deterministic
 _THESIS_ORDER = "ORDER BY t_valid DESC NULLS LAST, t_created DESC NULLS LAST, id"
 
@@ -142,7 +144,9 @@ def stats(conn: apsw.Connection, user_id: str) -> Stats:
         "FROM vertices WHERE user_id = ? AND kind = 'thesis'",
         (user_id,),
     ).fetchone() or (0, 0)
-    (events,) = conn.execute("SELECT count(*) FROM applied_events WHERE user_id = ?", (user_id,)).fetchone() or (0,)
+    (events,) = conn.execute(
+        f"SELECT count(*) FROM applied_events WHERE user_id = ? AND {MEMORIZED}", (user_id,)
+    ).fetchone() or (0,)
     return Stats(
         user_id=user_id,
         vertices=vertices,
@@ -160,6 +164,30 @@ def pending_announcements(conn: apsw.Connection, user_id: str, event_ids: Sequen
         (user_id, user_id, json_list(event_ids)),
     )
     return [Announcement.model_validate_json(str(row[0])) for row in rows]
+
+
+def episodes(conn: apsw.Connection, user_id: str, match: Mapping[str, str] | None) -> list[Vertex]:
+    sql = f"SELECT {VERTEX_COLUMNS} FROM vertices WHERE user_id = ? AND kind = 'episodic'"
+    params: list[Any] = [user_id]
+    for key, value in sorted((match or {}).items()):
+        sql += " AND json_extract(props, ?) = ?"
+        params += [f'$."{key}"', value]
+    return [row_vertex(row) for row in conn.execute(sql + " ORDER BY id", params)]
+
+
+def invalidated_by(conn: apsw.Connection, user_id: str, thesis_ids: Sequence[str]) -> list[Vertex]:
+    rows = conn.execute(
+        f"SELECT {VERTEX_COLUMNS} FROM vertices WHERE user_id = ? AND kind = 'thesis' "
+        f"AND invalidated_by IN {_IN_LIST} ORDER BY id",
+        (user_id, json_list(thesis_ids)),
+    )
+    return [row_vertex(row) for row in rows]
+
+
+def forget_outcome(conn: apsw.Connection, user_id: str, forget_id: str) -> str | None:
+    row = conn.execute("SELECT outcome FROM forgets WHERE user_id = ? AND forget_id = ?", (user_id, forget_id))
+    found = row.fetchone()
+    return None if found is None else str(found[0])
 
 
 def get_value(conn: apsw.Connection, key: str) -> str | None:
@@ -184,6 +212,8 @@ _DUMPS: dict[str, tuple[str, str | None]] = {
         "i.user_id",
     ),
     "kv": ("SELECT key, value FROM kv ORDER BY key", None),
+    "kv_sources": ("SELECT key, user_id, event_id FROM kv_sources {where} ORDER BY key, user_id, event_id", "user_id"),
+    "forgets": ("SELECT user_id, forget_id, outcome FROM forgets {where} ORDER BY user_id, forget_id", "user_id"),
 }
 
 
@@ -204,7 +234,7 @@ _CONTENT = {
     "vertices": "SELECT id, kind, name, norm_name, props, t_valid, t_invalid, invalidated_by, episode_label, "
     "temporal_label FROM vertices WHERE user_id = ? ORDER BY id",
     "edges": f"SELECT {EDGE_COLUMNS} FROM edges WHERE user_id = ? ORDER BY id",
-    "events": "SELECT event_id FROM applied_events WHERE user_id = ? ORDER BY event_id",
+    "events": f"SELECT event_id FROM applied_events WHERE user_id = ? AND {MEMORIZED} ORDER BY event_id",
     "items": "SELECT id, kind, text FROM items WHERE user_id = ? ORDER BY id",
 }
 
@@ -214,7 +244,10 @@ def content(conn: apsw.Connection, user_id: str) -> dict[str, list[tuple[Any, ..
 
 
 def users(conn: apsw.Connection) -> list[str]:
-    return [str(row[0]) for row in conn.execute("SELECT DISTINCT user_id FROM applied_events ORDER BY user_id")]
+    return [
+        str(row[0])
+        for row in conn.execute(f"SELECT DISTINCT user_id FROM applied_events WHERE {MEMORIZED} ORDER BY user_id")
+    ]
 
 
 def pending_count(conn: apsw.Connection) -> int:

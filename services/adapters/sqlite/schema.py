@@ -63,6 +63,14 @@ def _ddl(dim: int) -> list[str]:
         # read-only view of the inverted index, so tests can check that a replay indexed nothing twice
         "CREATE VIRTUAL TABLE IF NOT EXISTS fts_terms USING fts5vocab(fts, 'instance')",
         "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        # whose text a cached entry was built from (event_id '' for an entry built from the user's memory at
+        # large): forgetting removes the entries of the forgotten events and the user's untagged ones
+        """CREATE TABLE IF NOT EXISTS kv_sources (
+            key TEXT NOT NULL, user_id TEXT NOT NULL, event_id TEXT NOT NULL, PRIMARY KEY (key, user_id, event_id))""",
+        "CREATE INDEX IF NOT EXISTS kv_sources_by_user ON kv_sources (user_id, event_id)",
+        # applied forgets and what each announced (MemoryForgotten JSON), so a replayed tombstone says it again
+        """CREATE TABLE IF NOT EXISTS forgets (
+            user_id TEXT NOT NULL, forget_id TEXT NOT NULL, outcome TEXT NOT NULL, PRIMARY KEY (user_id, forget_id))""",
     ]
 
 

@@ -13,7 +13,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -22,14 +22,23 @@ from typing import Any, Self, TypeVar
 import apsw
 from prometheus_client import Histogram
 
-from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex
+from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Erasure, Stats, Triplet, Vertex
 from services.logging import get_logger
 from services.metrics import STORE_WRITE_LATENCY
-from services.ports import AnnouncementLog, KeyValueCache, MemoryStore, Vector, VectorHit, VectorItem
+from services.ports import (
+    AnnouncementLog,
+    CacheScope,
+    ForgetStore,
+    KeyValueCache,
+    MemoryStore,
+    Vector,
+    VectorHit,
+    VectorItem,
+)
 
 from . import read, search
 from .schema import connect, create_schema
-from .write import apply_change_set, mark_announced, put_value
+from .write import apply_change_set, erase, forget_values, mark_announced, put_value
 
 T = TypeVar("T")
 
@@ -43,7 +52,7 @@ READ_LATENCY = Histogram(
 log = get_logger(__name__)
 
 
-class SqliteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache):
+class SqliteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache, ForgetStore):
     def __init__(self, path: Path | str, dim: int, readers: int = 2) -> None:
         if dim <= 0:
             raise ValueError("dim must be positive")
@@ -214,8 +223,29 @@ class SqliteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache):
     async def get(self, key: str) -> str | None:
         return await self._read("kv_get", read.get_value, key)
 
-    async def put(self, key: str, value: str) -> None:
-        await self._run(self._writer, put_value, key, value)
+    async def put(self, key: str, value: str, scope: CacheScope | None = None) -> None:
+        await self._run(self._writer, put_value, key, value, scope)
+
+    async def forget(self, user_id: str, event_ids: Sequence[str] | None) -> int:
+        return await self._run(self._writer, forget_values, user_id, None if event_ids is None else list(event_ids))
+
+    # -- ForgetStore ---------------------------------------------------------------------------------------------
+
+    async def episodes(self, user_id: str, match: Mapping[str, str] | None) -> list[Vertex]:
+        return await self._read("episodes", read.episodes, user_id, None if match is None else dict(match))
+
+    async def invalidated_by(self, user_id: str, thesis_ids: Sequence[str]) -> list[Vertex]:
+        if not thesis_ids:
+            return []
+        return await self._read("invalidated_by", read.invalidated_by, user_id, list(thesis_ids))
+
+    async def forget_outcome(self, user_id: str, forget_id: str) -> str | None:
+        return await self._read("forget_outcome", read.forget_outcome, user_id, forget_id)
+
+    async def erase(self, erasure: Erasure) -> None:
+        started = time.perf_counter()
+        await self._run(self._writer, erase, erasure)
+        STORE_WRITE_LATENCY.labels(store="sqlite").observe(time.perf_counter() - started)
 
     # -- tests and tooling ---------------------------------------------------------------------------------------
 

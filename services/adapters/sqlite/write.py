@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import apsw
 
-from services.domain import Announcement, ApplyResult, ChangeSet, VertexKind
-from services.ports import VectorItem
+from services.domain import Announcement, ApplyResult, ChangeSet, Erasure, VertexKind
+from services.ports import CacheScope, VectorItem
 
 from .codec import (
     EDGE_COLUMNS,
@@ -16,6 +16,7 @@ from .codec import (
     VERTEX_COLUMNS,
     dt_to_text,
     edge_row,
+    json_list,
     user_key,
     vector_blob,
     vertex_row,
@@ -120,8 +121,106 @@ def mark_announced(conn: apsw.Connection, user_id: str, change_set_ids: Sequence
         )
 
 
-def put_value(conn: apsw.Connection, key: str, value: str) -> None:
-    conn.execute(
-        "INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        (key, value),
+def put_value(conn: apsw.Connection, key: str, value: str, scope: CacheScope | None) -> None:
+    with conn:  # one transaction: an entry is never without its sources
+        conn.execute(
+            "INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+        if scope is not None:
+            conn.executemany(
+                "INSERT OR IGNORE INTO kv_sources (key, user_id, event_id) VALUES (?, ?, ?)",
+                [(key, scope.user_id, event_id) for event_id in scope.event_ids or ("",)],
+            )
+
+
+def forget_values(conn: apsw.Connection, user_id: str, event_ids: Sequence[str] | None) -> int:
+    """Remove the user's cache entries built from ``event_ids`` or from no named event (all: ``None``)."""
+    with conn:
+        if event_ids is None:
+            rows = conn.execute("SELECT DISTINCT key FROM kv_sources WHERE user_id = ?", (user_id,))
+        else:
+            rows = conn.execute(
+                "SELECT DISTINCT key FROM kv_sources WHERE user_id = ? "
+                "AND (event_id = '' OR event_id IN (SELECT value FROM json_each(?)))",
+                (user_id, json_list(event_ids)),
+            )
+        keys = [str(row[0]) for row in rows]
+        conn.executemany("DELETE FROM kv WHERE key = ?", [(key,) for key in keys])
+        conn.executemany("DELETE FROM kv_sources WHERE key = ?", [(key,) for key in keys])
+    return len(keys)
+
+
+def _unindex(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> None:
+    """Drop indexed texts: their row, vector and FTS5 terms (an external-content FTS5 row is deleted by value)."""
+    key = user_key(user_id)
+    rows = conn.execute(
+        "SELECT item_no, text, kind FROM items WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
+        (user_id, json_list(ids)),
+    ).fetchall()
+    for item_no, text, kind in rows:
+        conn.execute(
+            "INSERT INTO fts (fts, rowid, text, user_key, kind) VALUES ('delete', ?, ?, ?, ?)",
+            (item_no, text, key, kind),
+        )
+        conn.execute("DELETE FROM vectors WHERE rowid = ?", (item_no,))
+        conn.execute("DELETE FROM items WHERE item_no = ?", (item_no,))
+
+
+def _erase_user(conn: apsw.Connection, erasure: Erasure) -> None:
+    user = erasure.user_id
+    items = [str(row[0]) for row in conn.execute("SELECT id FROM items WHERE user_id = ?", (user,))]
+    _unindex(conn, user, items)
+    conn.execute("DELETE FROM edges WHERE user_id = ?", (user,))
+    conn.execute("DELETE FROM vertices WHERE user_id = ?", (user,))
+    conn.execute("DELETE FROM pending_announcements WHERE user_id = ?", (user,))
+    # every event the user sent stays known, as forgotten: a redelivery of one memorizes nothing
+    conn.execute("UPDATE applied_events SET change_set_id = ? WHERE user_id = ?", (erasure.forget_id, user))
+
+
+def _erase_items(conn: apsw.Connection, erasure: Erasure) -> None:
+    user = erasure.user_id
+    _unindex(conn, user, erasure.delete_vectors)
+    conn.executemany("DELETE FROM edges WHERE user_id = ? AND id = ?", [(user, i) for i in erasure.delete_edges])
+    conn.executemany("DELETE FROM vertices WHERE user_id = ? AND id = ?", [(user, i) for i in erasure.delete_vertices])
+    put = _INSERT_VERTEX.replace("INSERT OR IGNORE", "INSERT OR REPLACE")
+    conn.executemany(put, [vertex_row(v) for v in erasure.put_vertices])
+    conn.executemany(
+        _INSERT_EDGE.replace("INSERT OR IGNORE", "INSERT OR REPLACE"), [edge_row(e) for e in erasure.put_edges]
     )
+    conn.executemany(
+        "INSERT OR REPLACE INTO applied_events (user_id, event_id, change_set_id) VALUES (?, ?, ?)",
+        [(user, event_id, erasure.forget_id) for event_id in erasure.event_ids],
+    )
+    # a change set none of whose events is memorized any more has nothing left to announce
+    conn.execute(
+        "DELETE FROM pending_announcements WHERE user_id = ? AND change_set_id NOT IN "
+        "(SELECT change_set_id FROM applied_events WHERE user_id = ?)",
+        (user, user),
+    )
+
+
+def erase(conn: apsw.Connection, erasure: Erasure) -> None:
+    """Apply a forget in one IMMEDIATE transaction; a forget applied before changes nothing."""
+    for vertex in erasure.put_vertices:
+        if vertex.user_id != erasure.user_id:
+            raise ValueError(f"vertex {vertex.id} belongs to {vertex.user_id!r}, the forget to {erasure.user_id!r}")
+    for edge in erasure.put_edges:
+        if edge.user_id != erasure.user_id:
+            raise ValueError(f"edge {edge.id} belongs to {edge.user_id!r}, the forget to {erasure.user_id!r}")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        done = conn.execute(
+            "SELECT 1 FROM forgets WHERE user_id = ? AND forget_id = ?", (erasure.user_id, erasure.forget_id)
+        ).fetchone()
+        if done is None:
+            (_erase_user if erasure.whole_user else _erase_items)(conn, erasure)
+            conn.execute(
+                "INSERT INTO forgets (user_id, forget_id, outcome) VALUES (?, ?, ?)",
+                (erasure.user_id, erasure.forget_id, erasure.outcome),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise

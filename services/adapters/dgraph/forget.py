@@ -1,0 +1,128 @@
+"""Forgetting in Dgraph: the reads a forget plans with, the one upsert request that applies it, and the cache's
+sources. Values travel as DQL variables and typed N-Quad values, as everywhere in this adapter (see ``write``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydgraph.proto import api_pb2 as api
+
+from services.domain import Erasure
+from services.ports import CacheScope
+
+from .codec import Values, edge_values, vertex_values
+from .queries import Params
+from .write import STAR, Mutation, Upsert, nquads
+
+#: ``kv.events`` of an entry built from the user's memory at large (questions, contradiction checks)
+NO_EVENTS = "-"
+#: the predicates a kept vertex may lose when it is put back (a thesis made valid again)
+_NULLABLE = ("vertex.t_invalid", "vertex.t_expired", "vertex.invalidated_by")
+
+
+def episodes_query(user_id: str) -> tuple[Params, str]:
+    """The user's episodes (props are JSON text, matched by the caller)."""
+    p = Params(user_id)
+    return p, p.query('q(func: eq(vertex.user, $u), orderasc: vertex.id) @filter(eq(vertex.kind, "episodic")) { ...V }')
+
+
+def invalidated_by_query(user_id: str, thesis_ids: Sequence[str]) -> tuple[Params, str]:
+    p = Params(user_id)
+    body = (
+        f"q(func: eq(vertex.invalidated_by, {p.many(thesis_ids)}), orderasc: vertex.id) "
+        '@filter(eq(vertex.user, $u) AND eq(vertex.kind, "thesis")) { ...V }'
+    )
+    return p, p.query(body)
+
+
+def outcome_query(user_id: str, forget_id: str) -> tuple[Params, str]:
+    p = Params(user_id)
+    body = f"q(func: eq(forget.id, {p.add(forget_id)}), first: 1) @filter(eq(forget.user, $u)) {{ forget.outcome }}"
+    return p, p.query(body, False)
+
+
+def _delete_all(var: str) -> api.NQuad:
+    return api.NQuad(subject=f"uid({var})", predicate=STAR, object_value=api.Value(default_val=STAR))
+
+
+def erase_upsert(erasure: Erasure) -> Upsert:
+    """One request, one transaction; nothing happens if the forget was applied before."""
+    user = erasure.user_id
+    up = Upsert(Params(user))
+    p = up.params
+    up.blocks.append(f"done as var(func: eq(forget.id, {p.add(erasure.forget_id)})) @filter(eq(forget.user, $u))")
+    once = "@if(eq(len(done), 0))"
+    if erasure.whole_user:
+        up.blocks += [
+            "vs as var(func: eq(vertex.user, $u))",
+            "es as var(func: eq(edge.user, $u))",
+            "pas as var(func: eq(announce.user, $u))",
+            "evs as var(func: eq(event.user, $u))",
+        ]
+        forgotten = nquads("uid(evs)", {"event.change_set": erasure.forget_id})
+        up.mutations.append(Mutation(forgotten, once, [_delete_all(v) for v in ("vs", "es", "pas")]))
+    else:
+        if erasure.delete_vertices:
+            up.blocks.append(
+                f"dv as var(func: eq(vertex.id, {p.many(erasure.delete_vertices)})) @filter(eq(vertex.user, $u))"
+            )
+            up.mutations.append(Mutation(cond=once, deletes=[_delete_all("dv")]))
+        if erasure.delete_edges:
+            up.blocks.append(f"de as var(func: eq(edge.id, {p.many(erasure.delete_edges)})) @filter(eq(edge.user, $u))")
+            up.mutations.append(Mutation(cond=once, deletes=[_delete_all("de")]))
+        for n, vertex in enumerate(erasure.put_vertices):
+            var = f"pv{n}"
+            up.blocks.append(f"{var} as var(func: eq(vertex.id, {p.add(vertex.id)})) @filter(eq(vertex.user, $u))")
+            values = vertex_values(vertex)
+            star = api.Value(default_val=STAR)
+            cleared = [
+                api.NQuad(subject=f"uid({var})", predicate=name, object_value=star)
+                for name in _NULLABLE
+                if name not in values
+            ]
+            up.mutations.append(
+                Mutation(nquads(f"uid({var})", values), f"@if(eq(len(done), 0) AND gt(len({var}), 0))", cleared)
+            )
+        for n, edge in enumerate(erasure.put_edges):
+            var = f"pe{n}"
+            up.blocks.append(f"{var} as var(func: eq(edge.id, {p.add(edge.id)})) @filter(eq(edge.user, $u))")
+            up.mutations.append(
+                Mutation(nquads(f"uid({var})", edge_values(edge)), f"@if(eq(len(done), 0) AND gt(len({var}), 0))")
+            )
+        for n, event_id in enumerate(erasure.event_ids):
+            var = f"ev{n}"
+            up.blocks.append(f"{var} as var(func: eq(event.id, {p.add(event_id)})) @filter(eq(event.user, $u))")
+            marker: Values = {
+                "dgraph.type": "AppliedEvent",
+                "event.id": event_id,
+                "event.user": user,
+                "event.change_set": erasure.forget_id,
+            }
+            up.mutations.append(Mutation(nquads(f"uid({var})", marker), once))
+    record: Values = {
+        "dgraph.type": "ForgetRecord",
+        "forget.id": erasure.forget_id,
+        "forget.user": user,
+        "forget.outcome": erasure.outcome,
+    }
+    up.mutations.append(Mutation(nquads("uid(done)", record), once))
+    return up
+
+
+def kv_sources(scope: CacheScope | None) -> Values:
+    """The predicates that say whose text a cache entry was built from."""
+    if scope is None:
+        return {}
+    return {"kv.user": scope.user_id, "kv.events": list(scope.event_ids) or [NO_EVENTS]}
+
+
+def kv_forget_upsert(user_id: str, event_ids: Sequence[str] | None) -> Upsert:
+    up = Upsert(Params(user_id))
+    if event_ids is None:
+        up.blocks.append("gone as var(func: eq(kv.user, $u))")
+    else:
+        events = up.params.many([*event_ids, NO_EVENTS])
+        up.blocks.append(f"gone as var(func: eq(kv.user, $u)) @filter(eq(kv.events, {events}))")
+    up.blocks.append("removed(func: uid(gone)) { count(uid) }")
+    up.mutations.append(Mutation(deletes=[_delete_all("gone")]))
+    return up

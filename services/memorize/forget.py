@@ -1,0 +1,233 @@
+"""Forgetting: a tombstone erases its sources and everything memory derived from them alone.
+
+From the episodes a tombstone names, the erasure follows the provenance the memorize steps wrote:
+- the episodes go, with their edges and index entries;
+- a thesis or object goes when no remaining episode supports it (its episodic edges are its sources); what
+  another source still supports stays, and if its first source was forgotten it takes its times from the next
+  one, as if the forgotten one had never been said;
+- a relation edge first written by a forgotten source stays only while a remaining thesis states it;
+- a thesis that a removed thesis had invalidated is valid again;
+- the cached model answers built from the forgotten events, and those built from the user's memory at large
+  (questions, contradiction checks), go too;
+- the forgotten event ids stay recorded, so a redelivered or replayed event is not memorized again.
+The erasure is computed from the store's current state and applied in one store call (see ``ForgetStore.erase``);
+a tombstone applied before announces what it announced then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from schemas.events import Forget, ForgetScope, MemoryForgotten
+from services import ids, metrics
+from services.domain import Edge, EdgeKind, Erasure, Triplet, Vertex, VertexKind
+from services.logging import get_logger
+from services.ports import ForgetStore, GraphStore, KeyValueCache
+
+log = get_logger(__name__)
+
+_MATCH_KEY = {
+    ForgetScope.MESSAGE: "event_id",
+    ForgetScope.DOCUMENT: "document_id",
+    ForgetScope.CONVERSATION: "conversation_id",
+}
+
+
+def forget_mark(tombstone: Forget, source_topic: str) -> str:
+    """The id the store keeps an applied tombstone under (a user forget comes on two topics: one each)."""
+    return "f_" + ids.digest(tombstone.user_id, "forget", tombstone.event_id, source_topic)
+
+
+def _first(episodes: Iterable[Vertex]) -> Vertex:
+    """The source memorize met first: the earliest received (ties: the id)."""
+    return min(episodes, key=lambda e: (e.t_created is None, e.t_created, e.id))
+
+
+def _stated_relation(user_id: str, thesis: Vertex) -> str | None:
+    """The relation edge id a thesis wrote (``ChangeSetBuilder.add``), if it wrote one."""
+    subject, relation, obj = (thesis.props.get(k) for k in ("subject", "relation", "object"))
+    if not (subject and relation and obj):
+        return None
+    start, end = ids.object_id(user_id, subject), ids.object_id(user_id, obj)
+    if start == end:
+        return None
+    return ids.edge_id(user_id, EdgeKind.RELATION.value, start, relation, end)
+
+
+class _Plan:
+    """The erasure of a set of episodes, computed from the graph around them."""
+
+    def __init__(self, user_id: str, episodes: list[Vertex], events: set[str]) -> None:
+        self.user_id = user_id
+        self.episodes = {e.id: e for e in episodes}
+        self.events = events
+        self.delete_vertices: set[str] = set(self.episodes)
+        self.delete_edges: set[str] = set()
+        self.delete_relations: set[str] = set()
+        self.puts: dict[str, Vertex] = {}
+        self.edge_puts: dict[str, Edge] = {}
+        self.restored = 0
+
+    def current(self, vertex: Vertex) -> Vertex:
+        return self.puts.get(vertex.id, vertex)
+
+    def sources(self, links: list[Triplet]) -> dict[str, list[Vertex]]:
+        """Per vertex linked to the episodes, every episode it has (forgotten ones included)."""
+        found: dict[str, list[Vertex]] = {}
+        for link in links:
+            if link.edge.kind is EdgeKind.EPISODIC and link.end.kind is VertexKind.EPISODIC:
+                found.setdefault(link.start.id, []).append(link.end)
+        return found
+
+    def drop_or_rederive(self, vertex: Vertex, episodes: list[Vertex]) -> None:
+        remaining = [e for e in episodes if e.id not in self.episodes]
+        if not remaining:
+            self.delete_vertices.add(vertex.id)
+            return
+        first = _first(remaining)
+        if vertex.kind is VertexKind.THESIS:
+            if vertex.props.get("event_id") in self.events:
+                props = {**vertex.props, "event_id": first.props.get("event_id", "")}
+                self.puts[vertex.id] = vertex.model_copy(
+                    update={"props": props, "t_valid": first.t_valid, "t_created": first.t_created}
+                )
+        elif vertex.kind is VertexKind.OBJECT:
+            forgotten_times = {e.t_created for e in episodes if e.id in self.episodes}
+            if vertex.t_created in forgotten_times and vertex.t_created not in {e.t_created for e in remaining}:
+                self.puts[vertex.id] = vertex.model_copy(
+                    update={"t_valid": first.t_valid, "t_created": first.t_created}
+                )
+
+    def edges(self, around: list[Triplet]) -> None:
+        """Edges at a removed vertex go; kept thesis and relation edges whose first source went are re-derived."""
+        stated: dict[str, list[Vertex]] = {}
+        for t in around:
+            for vertex in (t.start, t.end):
+                if vertex.kind is VertexKind.THESIS and vertex.id not in self.delete_vertices:
+                    edge_id = _stated_relation(self.user_id, self.current(vertex))
+                    if edge_id is not None:
+                        stated.setdefault(edge_id, []).append(self.current(vertex))
+        for t in around:
+            edge = t.edge
+            if edge.source in self.delete_vertices or edge.target in self.delete_vertices:
+                self.delete_edges.add(edge.id)
+                if edge.kind is EdgeKind.RELATION:
+                    self.delete_relations.add(edge.id)
+                continue
+            if edge.props.get("event_id") not in self.events:
+                continue
+            if edge.kind is EdgeKind.RELATION:
+                by = stated.get(edge.id)
+                if not by:
+                    self.delete_edges.add(edge.id)
+                    self.delete_relations.add(edge.id)
+                    continue
+                source = min(by, key=lambda v: (v.t_created is None, v.t_created, v.id))
+            elif edge.kind is EdgeKind.THESIS:
+                source = self.current(t.end)
+            else:
+                continue
+            props = {**edge.props, "event_id": source.props.get("event_id", "")}
+            self.edge_puts[edge.id] = edge.model_copy(update={"props": props, "t_valid": source.t_valid})
+
+    def restore(self, invalidated: list[Vertex]) -> None:
+        for thesis in invalidated:
+            if thesis.id in self.delete_vertices:
+                continue
+            self.puts[thesis.id] = self.current(thesis).model_copy(
+                update={"t_invalid": None, "t_expired": None, "invalidated_by": None}
+            )
+            self.restored += 1
+
+
+class ForgetService:
+    def __init__(self, graph: GraphStore, store: ForgetStore, cache: KeyValueCache | None) -> None:
+        self.graph = graph
+        self.store = store
+        self.cache = cache
+
+    async def forget(self, tombstone: Forget, source_topic: str) -> MemoryForgotten:
+        user = tombstone.user_id
+        mark = forget_mark(tombstone, source_topic)
+        kept = await self.store.forget_outcome(user, mark)
+        if kept is not None:  # applied before (a redelivery): announce the same again
+            metrics.FORGETS.labels(tombstone.scope.value, "replayed").inc()
+            return MemoryForgotten.model_validate_json(kept)
+        if tombstone.scope is ForgetScope.USER:
+            plan = None
+            erasure = Erasure(forget_id=mark, user_id=user, whole_user=True)
+        else:
+            plan = await self._plan(tombstone)
+            erasure = Erasure(
+                forget_id=mark,
+                user_id=user,
+                event_ids=sorted(plan.events),
+                delete_vertices=sorted(plan.delete_vertices),
+                delete_edges=sorted(plan.delete_edges),
+                delete_vectors=sorted(plan.delete_vertices | plan.delete_relations),
+                put_vertices=[plan.puts[k] for k in sorted(plan.puts) if k not in plan.delete_vertices],
+                put_edges=[plan.edge_puts[k] for k in sorted(plan.edge_puts) if k not in plan.delete_edges],
+            )
+        # the cache first: a crash after it leaves the graph as it was, so the replay computes the same erasure
+        cached = 0
+        if self.cache is not None:
+            cached = await self.cache.forget(user, None if plan is None else erasure.event_ids)
+        outcome = MemoryForgotten(
+            event_id=tombstone.event_id,
+            user_id=user,
+            event_time=tombstone.event_time,
+            forget_id=tombstone.event_id,
+            source_topic=source_topic,
+            scope=tombstone.scope,
+            target=tombstone.target,
+            removed_all=plan is None,
+            source_event_ids=erasure.event_ids,
+            removed_ids=sorted(set(erasure.delete_vertices) | set(erasure.delete_edges)),
+            vertices_removed=len(erasure.delete_vertices),
+            edges_removed=len(erasure.delete_edges),
+            theses_restored=0 if plan is None else plan.restored,
+            cache_entries_removed=cached,
+        )
+        erasure.outcome = outcome.model_dump_json()
+        await self.store.erase(erasure)
+        metrics.FORGETS.labels(tombstone.scope.value, "applied").inc()
+        metrics.FORGOTTEN.labels("vertices").inc(outcome.vertices_removed)
+        metrics.FORGOTTEN.labels("edges").inc(outcome.edges_removed)
+        metrics.FORGOTTEN.labels("theses_restored").inc(outcome.theses_restored)
+        metrics.FORGOTTEN.labels("cache_entries").inc(cached)
+        log.info(
+            "forgotten",
+            user_id=user,
+            forget_id=tombstone.event_id,
+            scope=tombstone.scope.value,
+            events=len(erasure.event_ids),
+            vertices=outcome.vertices_removed,
+            edges=outcome.edges_removed,
+            restored=outcome.theses_restored,
+            cache_entries=cached,
+        )
+        return outcome
+
+    async def _plan(self, tombstone: Forget) -> _Plan:
+        user = tombstone.user_id
+        assert tombstone.target is not None
+        episodes = await self.store.episodes(user, {_MATCH_KEY[tombstone.scope]: tombstone.target})
+        events = {e.props["event_id"] for e in episodes if "event_id" in e.props}
+        if tombstone.scope is ForgetScope.MESSAGE:
+            events.add(tombstone.target)  # even if it never became memory (dead-lettered, or still to come late)
+        plan = _Plan(user, episodes, events)
+        if not episodes:
+            return plan
+        links = await self.graph.neighbors(user, list(plan.episodes), [EdgeKind.EPISODIC])
+        plan.delete_edges.update(t.edge.id for t in links)
+        linked = {t.start.id: t.start for t in links if t.start.id not in plan.episodes}
+        sources = plan.sources(await self.graph.neighbors(user, list(linked), [EdgeKind.EPISODIC]))
+        for vertex_id in sorted(linked):
+            plan.drop_or_rederive(linked[vertex_id], sources.get(vertex_id, []))
+        around = await self.graph.neighbors(user, sorted(linked), [EdgeKind.THESIS, EdgeKind.RELATION])
+        plan.edges(around)
+        removed_theses = [
+            v for v in sorted(plan.delete_vertices) if v in linked and linked[v].kind is VertexKind.THESIS
+        ]
+        plan.restore(await self.store.invalidated_by(user, removed_theses))
+        return plan
