@@ -523,6 +523,62 @@ def stats(
     typer.echo(f"theses:   {result['theses_valid']} valid, {result['theses_invalidated']} invalidated")
 
 
+@app.command()
+def forget(
+    user: Annotated[str, typer.Argument(help="the user (tenant) whose memory to forget from")],
+    message: Annotated[str | None, typer.Option("--message", help="one chat message: its event id")] = None,
+    document: Annotated[str | None, typer.Option("--document", help="one document: its document id")] = None,
+    conversation: Annotated[str | None, typer.Option("--conversation", help="every message of a conversation")] = None,
+    everything: Annotated[bool, typer.Option("--all", help="the user's whole memory")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="with --all: do not ask for confirmation")] = False,
+    wait: Annotated[
+        float, typer.Option("--wait", min=0.0, help="seconds to wait for the erasure to be done (0: do not wait)")
+    ] = 0.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the forget's status as JSON")] = False,
+    url: UrlOption = None,
+    key: KeyOption = None,
+) -> None:
+    """Forget a message, a document, a conversation or a whole user, and everything memory derived from it alone."""
+    from services.gateway.client import GatewayClient, GatewayError
+
+    chosen: list[tuple[str, str | None]] = [
+        (s, t) for s, t in (("message", message), ("document", document), ("conversation", conversation)) if t
+    ]
+    if everything:
+        chosen.append(("user", None))
+    if len(chosen) != 1:
+        raise _fail("say what to forget: one of --message ID, --document ID, --conversation ID or --all", 2)
+    ((scope, target),) = chosen
+    if everything and not yes:
+        typer.confirm(f"Forget everything memstream holds of user {user!r}? This cannot be undone", abort=True)
+    settings = _settings()
+    with GatewayClient(_url(settings, url), api_key=key) as client:
+        try:
+            accepted = client.forget(user, scope, target)
+            status = client.wait_forgotten(accepted["forget_id"], wait) if wait > 0 else accepted
+        except GatewayError as exc:
+            raise _fail(str(exc)) from exc
+    if as_json:
+        typer.echo(json.dumps(status, indent=2))
+    what = f"{scope} {target}" if target else f"all of user {user}"
+    typer.echo(f"forget {accepted['forget_id']} accepted: {what} (on {', '.join(accepted['topics'])})", err=as_json)
+    if wait <= 0:
+        return
+    if status["status"] != "done":
+        typer.secho(
+            f"still pending after {wait:g}s (done on {', '.join(status['topics_done']) or 'no topic'} yet)",
+            err=True,
+            fg=typer.colors.YELLOW,
+        )
+        raise typer.Exit(3)
+    typer.echo(
+        f"done: the memory of {status['source_events']} event(s) erased, {status['vertices_removed']} vertices and "
+        f"{status['edges_removed']} edges removed, {status['theses_restored']} theses valid again, "
+        f"{status['cache_entries_removed']} cached model answers dropped",
+        err=as_json,
+    )
+
+
 dead_letters_app = typer.Typer(
     name="dead-letters",
     help="Events memstream could not process, kept with the reason: list them, replay them once the cause is fixed.",

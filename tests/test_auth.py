@@ -121,6 +121,8 @@ ROUTES = [
     ("GET", "/v1/graph/alice/neighbourhood?ids=o_x"),
     ("GET", "/v1/dead-letters"),
     ("POST", "/v1/dead-letters/replay"),
+    ("POST", "/v1/forget"),
+    ("GET", "/v1/forget/f_x"),
     ("GET", "/v1/keys"),
     ("POST", "/v1/keys"),
     ("DELETE", "/v1/keys/abc"),
@@ -168,16 +170,23 @@ def test_another_tenants_memory_cannot_be_written_asked_or_read(gateway: TestCli
     assert neighbourhood.status_code == 403
     assert gateway.get("/v1/dead-letters", params={"user_id": "alice"}, headers=bob).status_code == 403
     assert gateway.get("/v1/traces/q_x", params={"user_id": "alice"}, headers=bob).status_code == 403
+    forget_alice = {"user_id": "alice", "scope": "user"}
+    assert gateway.post("/v1/forget", json=forget_alice, headers=bob).status_code == 403
     # actions outside the key's scopes: a reader cannot write or ask, a tenant cannot replay or manage keys
     reader = bearer(keys.alice_reader)
     assert gateway.post("/v1/messages", json=message(), headers=reader).status_code == 403
     assert gateway.post("/v1/questions", json={**ask, "user_id": "alice"}, headers=reader).status_code == 403
+    assert gateway.post("/v1/forget", json=forget_alice, headers=reader).status_code == 403
     assert gateway.post("/v1/dead-letters/replay", json={"all": True}, headers=bob).status_code == 403
     assert gateway.get("/v1/keys", headers=bob).status_code == 403
     assert gateway.post("/v1/keys", json={"users": ["*"], "scopes": ["admin"]}, headers=bob).status_code == 403
     assert gateway.get("/metrics", headers=bob).status_code == 403
     # the same requests for one's own user go through; a one-user key fills in the user
     assert gateway.post("/v1/messages", json=message("bob"), headers=bob).status_code == 202
+    forget_id = gateway.post("/v1/forget", json={"scope": "message", "target": "m_x"}, headers=bob).json()["forget_id"]
+    assert gateway.get(f"/v1/forget/{forget_id}", headers=bob).json()["user_id"] == "bob"
+    # alice's key learns nothing of bob's forget, not even that the id exists: the 404 of an unknown id
+    assert gateway.get(f"/v1/forget/{forget_id}", headers=reader).status_code == 404
     assert gateway.get("/v1/stats/bob", headers=bob).status_code == 200
     assert gateway.get("/v1/stats/alice", headers=reader).status_code == 200
     assert gateway.get("/v1/graph/alice/neighbourhood", params={"ids": "o_x"}, headers=reader).status_code == 200

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 
 from schemas.events import Answer
 from streams.background import Fetch, TopicFeed, decode_records
@@ -18,6 +19,8 @@ class AnswerBook:
         self.capacity = capacity
         self._answers: OrderedDict[str, Answer] = OrderedDict()
         self._changed = asyncio.Condition()
+        #: ``True`` for an answer that must not be kept (built from forgotten memory); see ``forget.ForgetLedger``
+        self.refuse: Callable[[Answer], bool] = lambda _answer: False
 
     def __len__(self) -> int:
         return len(self._answers)
@@ -25,7 +28,16 @@ class AnswerBook:
     def get(self, query_id: str) -> Answer | None:
         return self._answers.get(query_id)
 
+    def answers(self) -> list[Answer]:
+        return list(self._answers.values())
+
+    def remove(self, query_ids: Iterable[str]) -> int:
+        """Drop these queries' answers; returns how many were held."""
+        return sum(self._answers.pop(q, None) is not None for q in set(query_ids))
+
     async def put(self, answer: Answer) -> None:
+        if self.refuse(answer):
+            return
         self._answers[answer.query_id] = answer
         self._answers.move_to_end(answer.query_id)
         while len(self._answers) > self.capacity:

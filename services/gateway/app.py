@@ -39,6 +39,14 @@ from services.gateway.auth import (
     scoped_parse,
 )
 from services.gateway.dead_letters import DeadLetterBook, DeadLetterFeed, dead_letter_router
+from services.gateway.forget import (
+    ForgetBook,
+    ForgetLedger,
+    MemoryUpdatesFeed,
+    Purger,
+    forget_router,
+    outbox_event_id,
+)
 from services.gateway.graph import LazyStore
 from services.gateway.limits import BodyLimitMiddleware
 from services.gateway.observability import install as install_observability
@@ -143,6 +151,12 @@ def create_app(
 
     dead_letter_feed.listeners.append(dead_lettered)
 
+    # forgetting: the erasures announced on the memory-updates topic purge the gateway's own copies
+    ledger = ForgetLedger()
+    forgets = ForgetBook(topics)
+    purger = Purger(ledger, forgets, book, dead_letters, outbox)
+    forget_feed = MemoryUpdatesFeed(servers, topics.memory_updates, purger)
+
     async def dead_letters_known() -> None:
         try:
             await asyncio.wait_for(dead_letter_feed.loaded.wait(), DEAD_LETTERS_BACKLOG_WAIT_S)
@@ -166,12 +180,14 @@ def create_app(
         producer_box.append(producer)
         await feed.start()
         await dead_letter_feed.start()
+        await forget_feed.start()
         await relay.start(ready=dead_letters_known)  # what an earlier run acknowledged goes out again first
         log.info("gateway_ready", broker=servers, outbox=str(outbox.path))
         try:
             yield
         finally:
             await relay.stop()
+            await forget_feed.stop()
             await dead_letter_feed.stop()
             await feed.stop()
             await producer.stop()
@@ -183,6 +199,8 @@ def create_app(
     app.state.answers = book
     app.state.topics = topics
     app.state.dead_letters = dead_letters
+    app.state.forgets = forgets
+    app.state.forget_ledger = ledger
     app.state.max_body_bytes = settings.max_body_bytes
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     # outside the body limit: a request without a credential is refused before its body is read
@@ -191,7 +209,7 @@ def create_app(
     limiter = rate_limiter(settings)
 
     async def produce(topic: str, events: Sequence[Any]) -> None:
-        records = [OutboxRecord(topic, e.user_id, e.event_id, encode(e)) for e in events]
+        records = [OutboxRecord(topic, e.user_id, outbox_event_id(topic, e), encode(e)) for e in events]
         if topic in memory_topics:
             # durable before acknowledged: on disk first (the embedded broker keeps records in RAM only)
             await outbox.add(records)
@@ -277,7 +295,7 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz() -> Any:
-        healthy = bool(producer_box) and feed.running and dead_letter_feed.running
+        healthy = bool(producer_box) and feed.running and dead_letter_feed.running and forget_feed.running
         body = {
             "status": "ok" if healthy else "degraded",
             "pid": os.getpid(),  # `memstream up` checks that the gateway answering is the one it started
@@ -299,9 +317,13 @@ def create_app(
 
     # operators: list dead letters, replay them onto their source topics
     app.include_router(dead_letter_router(dead_letters, dead_letter_feed, topics, produce))
+    # writers: forget a message, document, conversation or user; follow the forget
+    app.include_router(forget_router(forgets, produce, limiter))
     # admins: make, list and revoke API keys
     app.include_router(keys_router(authenticator.keys))
 
     # traces (JSON and SSE), the graph neighbourhood, the web page at /, the request log context, the lag sensor
     install_observability(app, settings, servers)
+    purger.traces = app.state.traces
+    ledger.guard(book, dead_letter_feed, app.state.traces)
     return app

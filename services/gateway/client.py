@@ -159,6 +159,28 @@ class GatewayClient:
         result: dict[str, Any] = self._check(self._request("POST", "/v1/dead-letters/replay", json=body))
         return result
 
+    def forget(self, user_id: str, scope: str, target: str | None = None) -> dict[str, Any]:
+        """Forget a message, document, conversation (``target``: its id) or the whole user (``scope`` user):
+        ``{"forget_id", "topics", ...}``; the erasure follows on the topics."""
+        body = {"user_id": user_id, "scope": scope, **({"target": target} if target is not None else {})}
+        result: dict[str, Any] = self._check(self._request("POST", "/v1/forget", json=body))
+        return result
+
+    def forget_status(self, forget_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """``{"status": "pending" | "done", ...what was removed}``; ``wait_s`` long-polls for done."""
+        response = self._request("GET", f"/v1/forget/{forget_id}", params={"wait": wait_s})
+        result: dict[str, Any] = self._check(response)
+        return result
+
+    def wait_forgotten(self, forget_id: str, timeout_s: float) -> dict[str, Any]:
+        """The forget's status once done, or the last one seen (``pending``) at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            status = self.forget_status(forget_id, wait_s=min(10.0, max(0.0, left)))
+            if status["status"] == "done" or left <= 0:
+                return status
+
     def create_key(self, users: Sequence[str], scopes: Sequence[str], label: str = "") -> dict[str, Any]:
         """A new API key (admin): its record with the key itself under ``key``, shown this once."""
         body = {"users": list(users), "scopes": list(scopes), "label": label}
@@ -189,7 +211,7 @@ class GatewayClient:
                         data += line[5:].strip()
                     elif not line and data:
                         yield event, json.loads(data)
-                        if event in ("end", "timeout", "unavailable"):
+                        if event in ("end", "timeout", "unavailable", "forgotten"):
                             return
                         event, data = "message", ""
         except httpx.TransportError as exc:

@@ -183,12 +183,25 @@ class DeadLetterBook:
     def _evict(self) -> None:
         while len(self._entries) > self.capacity:
             dropped_id, dropped = self._entries.popitem(last=False)
-            for failed in dropped.letter.failed_event_ids:
-                ids = self._by_event.get(failed, set())
-                ids.discard(dropped_id)
-                if not ids:
-                    self._by_event.pop(failed, None)
+            self._unindex(dropped_id, dropped)
             log.warning("dead_letter_forgotten", dead_letter=dropped_id, capacity=self.capacity)
+
+    def _unindex(self, letter_id: str, entry: Entry) -> None:
+        for failed in entry.letter.failed_event_ids:
+            ids = self._by_event.get(failed, set())
+            ids.discard(letter_id)
+            if not ids:
+                self._by_event.pop(failed, None)
+
+    def remove(self, letter_ids: Iterable[str]) -> int:
+        """Drop these dead letters (their events were forgotten); returns how many were held."""
+        removed = 0
+        for letter_id in set(letter_ids):
+            entry = self._entries.pop(letter_id, None)
+            if entry is not None:
+                self._unindex(letter_id, entry)
+                removed += 1
+        return removed
 
     def select(
         self, user_id: str | None = None, reason: str | None = None, status: DeadLetterStatus | None = None
@@ -229,6 +242,8 @@ class DeadLetterFeed(TopicFeed):
         self.book = book
         #: called with every dead letter read (the outbox marks its events dead); must not raise
         self.listeners: list[Callable[[DeadLetter], Awaitable[None]]] = []
+        #: ``True`` for a dead letter of forgotten events: neither kept nor told to the listeners
+        self.refuse: Callable[[DeadLetter], bool] = lambda _letter: False
         self.caught_up = False
         self.loaded = asyncio.Event()  # set once caught up for the first time
         self._ends: dict[TopicPartition, int] = {}
@@ -243,6 +258,8 @@ class DeadLetterFeed(TopicFeed):
     async def handle(self, fetched: Fetch) -> None:
         for records in fetched.values():
             for letter in decode_records(records, DeadLetter, "dead_letter"):
+                if self.refuse(letter):
+                    continue
                 self.book.add(letter)
                 for listener in self.listeners:
                     await listener(letter)

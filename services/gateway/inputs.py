@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from schemas.events import ChatMessage, Document, Query, UserId
+from schemas.events import ChatMessage, Document, Forget, Query, UserId
 from schemas.validation import MalformedJSON, parse_json
 from services.ids import digest
 
@@ -150,6 +150,21 @@ def query(body: Any, now: datetime | None = None) -> Query:
         item["event_id"] = "q_" + uuid.uuid4().hex
 
     return _events(body, Query, "question", fill, now)[0]
+
+
+def forget(body: Any, now: datetime | None = None) -> Forget:
+    """A tombstone from ``{"user_id", "scope", "target"}``; its id (the forget id) is made here, unguessable."""
+    if not isinstance(body, dict):
+        raise InvalidInput("expected a JSON object with user_id, scope and (but for scope user) target")
+    unknown = sorted(set(body) - {"user_id", "scope", "target", "event_time"})
+    if unknown:
+        # a forget id chosen by a client could be another's: its status would be shown, its id replayed
+        raise InvalidInput(f"a forget takes user_id, scope, target (and event_time), not {', '.join(unknown)}")
+
+    def fill(item: dict[str, Any]) -> None:
+        item["event_id"] = "f_" + uuid.uuid4().hex
+
+    return _events(body, Forget, "forget", fill, now)[0]
 
 
 def check_user_id(user_id: str) -> str:

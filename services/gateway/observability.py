@@ -128,8 +128,8 @@ def observability_router(
         last_event_id: str | None = Header(default=None),
     ) -> AsyncIterable[ServerSentEvent]:
         """Server-sent events while the query is answered: ``query``, ``stage`` (one per stage run), ``answer``,
-        then ``end`` with the whole trace. Subscribing late replays what happened so far; ``Last-Event-ID``
-        resumes after that event."""
+        then ``end`` with the whole trace (``forgotten`` instead, when the memory it drew on is forgotten meanwhile).
+        Subscribing late replays what happened so far; ``Last-Event-ID`` resumes after that event."""
         if user_id is not None:
             principal.check_user(user_id)
         after = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
@@ -152,8 +152,13 @@ def observability_router(
                         yield ServerSentEvent(comment="keep-alive")
                         continue
                     yield ServerSentEvent(event=update.kind, id=str(update.seq), data=update.data)
+                trace = store.get(query_id)
+                if trace is None:  # forgotten while followed: nothing of it is shown any more
+                    outcome = "forgotten"
+                    yield ServerSentEvent(event="forgotten", data={"query_id": query_id})
+                    return
                 outcome = "answered"
-                yield ServerSentEvent(event="end", data=store.get(query_id))
+                yield ServerSentEvent(event="end", data=trace)
             finally:
                 metrics.TRACE_STREAMS.labels(outcome).inc()
                 log.info("trace_stream_closed", outcome=outcome)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -289,6 +289,8 @@ def assemble(
 # -- the store --------------------------------------------------------------------------------------------------------
 
 UpdateKind = Literal["query", "stage", "answer"]
+#: ``(query_id, user_id, when, content) -> True`` for a record that must not be kept (see ``ForgetLedger``)
+Refuse = Callable[[str, str | None, datetime, object], bool]
 
 
 @dataclass(frozen=True)
@@ -323,6 +325,7 @@ class TraceStore:
         self.capacity = capacity
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._tick = asyncio.Event()
+        self.refuse: Refuse = lambda _query_id, _user_id, _when, _content: False
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -341,7 +344,26 @@ class TraceStore:
         tick, self._tick = self._tick, asyncio.Event()
         tick.set()
 
+    def _refused(self, query_id: str, user_id: str | None, when: datetime, content: object) -> bool:
+        if not self.refuse(query_id, user_id, when, content):
+            return False
+        self.remove([query_id])  # what arrived of it before is no more the user's than this
+        return True
+
+    def remove(self, query_ids: Iterable[str]) -> int:
+        """Drop these traces (their followers' streams end); returns how many were held."""
+        removed = sum(self._entries.pop(q, None) is not None for q in set(query_ids))
+        if removed:
+            self._changed()
+        return removed
+
+    def traces(self) -> list[Trace]:
+        """Every trace held, assembled."""
+        return [t for t in (self.get(q) for q in list(self._entries)) if t is not None]
+
     def add_query(self, query: Query) -> None:
+        if self._refused(query.query_id, query.user_id, query.ingest_time, None):
+            return
         entry = self._entry(query.query_id)
         if entry.query is None:
             entry.query, entry.user_id = query, query.user_id
@@ -349,7 +371,9 @@ class TraceStore:
             self._changed()
 
     def add_stage(self, event: StageEvent) -> StageRun | None:
-        """Record a stage event; ``None`` if it was seen before (at-least-once delivery)."""
+        """Record a stage event; ``None`` if it was seen before (at-least-once delivery) or is refused."""
+        if self._refused(event.query_id, event.user_id, event.started_at, event.detail):
+            return None
         entry = self._entry(event.query_id)
         if event.event_id in entry.seen:
             return None
@@ -362,6 +386,8 @@ class TraceStore:
         return run
 
     def add_answer(self, answer: Answer) -> None:
+        if self._refused(answer.query_id, answer.user_id, answer.ingest_time, answer):
+            return
         entry = self._entry(answer.query_id)
         if entry.answer is not None and entry.answer.event_id == answer.event_id:
             return
@@ -385,12 +411,17 @@ class TraceStore:
         """The trace's updates with ``seq > after``, as they arrive, until its answer has been given.
 
         Yields ``None`` after ``heartbeat_s`` without news (the caller sends a keep-alive or gives up); a query
-        nobody knows yet is waited for, since a follower may well subscribe before its first event arrives.
+        nobody knows yet is waited for, since a follower may well subscribe before its first event arrives. A trace
+        that is removed while followed (forgotten) ends its followers' iteration.
         """
+        known = False
         while True:
             tick = self._tick  # taken before reading: a change from here on sets this very event
             entry = self._entries.get(query_id)
+            if entry is None and known:
+                return
             if entry is not None:
+                known = True
                 for update in entry.updates[after:]:
                     after = update.seq
                     yield update
