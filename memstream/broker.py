@@ -20,7 +20,9 @@ from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from memstream.processes import die_with_parent, stop_process
+from services.kafka_security import kafka_client_options
 from services.logging import get_logger
+from services.settings import Settings
 
 log = get_logger(__name__)
 
@@ -69,8 +71,10 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-async def wait_for_kafka(bootstrap: str, timeout_s: float = 20.0) -> None:
-    """Return once a Kafka client can fetch cluster metadata from ``bootstrap``; ``BrokerError`` after the deadline."""
+async def wait_for_kafka(bootstrap: str, timeout_s: float = 20.0, settings: Settings | None = None) -> None:
+    """Return once a Kafka client can fetch cluster metadata from ``bootstrap``; ``BrokerError`` after the deadline.
+    ``settings``: the Kafka security to connect with (unset: the process's own settings)."""
+    security = kafka_client_options(settings)
 
     host, _, port = bootstrap.split(",")[0].rpartition(":")
 
@@ -78,7 +82,7 @@ async def wait_for_kafka(bootstrap: str, timeout_s: float = 20.0) -> None:
         # A bare TCP connect first: aiokafka logs every refused connection as an error.
         _, writer = await asyncio.open_connection(host, int(port))
         writer.close()
-        client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+        client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **security)
         try:
             await client.bootstrap()
         finally:

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 from aiokafka.errors import KafkaError
+from pydantic import SecretStr
 
 from memstream.broker import BrokerError, EmbeddedBroker, port_free, wait_for_kafka
 from memstream.processes import die_with_parent, stop_process
@@ -86,6 +87,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
             text = "true" if value else "false"
         elif isinstance(value, Path):
             text = str(value.resolve())
+        elif isinstance(value, SecretStr):
+            text = value.get_secret_value()  # a child needs the secret itself, not its mask
         elif isinstance(value, dict | list | tuple | set):
             text = json.dumps(value, default=str)
         else:
@@ -153,7 +156,7 @@ class Stack:
             self.bootstrap = await self.broker.start()
         else:
             self.bootstrap = self.settings.broker or ""
-            await wait_for_kafka(self.bootstrap)
+            await wait_for_kafka(self.bootstrap, settings=self.settings)
         await ensure_topics(self.settings, self.bootstrap)
 
         metrics_dir = self.settings.data_dir / "metrics"

@@ -2,18 +2,45 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
 
 from schemas.validation import DEFAULT_MAX_BODY_BYTES
+
+#: Where secret files are read from when MEMSTREAM_SECRETS_DIR is unset (a Kubernetes Secret mounted there).
+DEFAULT_SECRETS_DIR = Path("/run/secrets/memstream")
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MEMSTREAM_", env_file=".env", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The usual order (arguments, environment, .env, the ``_secrets_dir`` argument's files), then secret files:
+        one per setting, named after its variable, in MEMSTREAM_SECRETS_DIR (else /run/secrets/memstream if any)."""
+        configured = os.environ.get("MEMSTREAM_SECRETS_DIR")
+        folder = Path(configured) if configured else DEFAULT_SECRETS_DIR if DEFAULT_SECRETS_DIR.is_dir() else None
+        sources = [init_settings, env_settings, dotenv_settings, file_secret_settings]
+        if folder is not None:
+            sources.append(SecretsSettingsSource(settings_cls, secrets_dir=folder))
+        return tuple(sources)
 
     data_dir: Path = Field(default=Path("./memstream-data"), description="Embedded store, broker logs, cache.")
 
@@ -102,6 +129,30 @@ class Settings(BaseSettings):
     metrics_public: bool = Field(default=False, description="/metrics without a credential")
     rate_writes_per_min: int = Field(default=6000, ge=0, description="events a credential writes a minute (0: any)")
     rate_questions_per_min: int = Field(default=60, ge=0, description="questions a credential asks a minute (0: any)")
+
+    # Transport security to Kafka, Dgraph and Weaviate (docs/security.md "Transport security"). Each secret may
+    # also come from a file named after its variable, lower case (e.g. memstream_kafka_password), in secrets_dir.
+    secrets_dir: Path | None = Field(
+        default=None, description=f"folder of secret files (unset: {DEFAULT_SECRETS_DIR} when it exists)"
+    )
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = Field(
+        default="PLAINTEXT", description="how every Kafka client (gateway, workers, admin, lag sensor) connects"
+    )
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] = Field(
+        default="SCRAM-SHA-256", description="SASL mechanism, when the protocol is SASL_*"
+    )
+    kafka_username: str | None = Field(default=None, description="SASL user, when the protocol is SASL_*")
+    kafka_password: SecretStr | None = Field(default=None, description="SASL password (secret)")
+    kafka_ssl_cafile: Path | None = Field(default=None, description="CA bundle that signed the brokers' certificates")
+    kafka_ssl_certfile: Path | None = Field(default=None, description="client certificate (PEM), for mTLS")
+    kafka_ssl_keyfile: Path | None = Field(default=None, description="client private key (PEM), for mTLS")
+    dgraph_user: str | None = Field(default=None, description="Dgraph ACL user to log in as (alter needs guardians)")
+    dgraph_password: SecretStr | None = Field(default=None, description="that user's password (secret)")
+    dgraph_namespace: int = Field(default=0, ge=0, description="Dgraph namespace to log in to")
+    dgraph_token: SecretStr | None = Field(
+        default=None, description="alpha's --security token=, sent as auth-token with schema changes (secret)"
+    )
+    weaviate_api_key: SecretStr | None = Field(default=None, description="Weaviate API key (secret)")
 
     # QA
     qa_engine: Literal["planning", "simple"] = Field(

@@ -13,7 +13,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
+from services.kafka_security import kafka_client_options
 from services.logging import get_logger
+from services.settings import Settings
 from streams.codec import InvalidEvent, decode
 
 log = get_logger(__name__)
@@ -22,9 +24,9 @@ Fetch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 M = TypeVar("M", bound=BaseModel)
 
 
-def tail_consumer(bootstrap: str, *topics: str, client_id: str) -> AIOKafkaConsumer:
+def tail_consumer(bootstrap: str, *topics: str, client_id: str, settings: Settings | None = None) -> AIOKafkaConsumer:
     """A consumer without a group (every reader sees every record, and there is no group join to wait for) that
-    reads ``topics`` from their earliest offsets."""
+    reads ``topics`` from their earliest offsets; Kafka security from ``settings`` (unset: the process's)."""
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,
@@ -32,6 +34,7 @@ def tail_consumer(bootstrap: str, *topics: str, client_id: str) -> AIOKafkaConsu
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         client_id=client_id,
+        **kafka_client_options(settings),
     )
 
 
@@ -73,8 +76,12 @@ class TopicFeed(ABC):
     """Reads ``topics`` from their earliest offsets with a ``tail_consumer`` and hands every fetch to ``handle``,
     from ``start()`` until ``stop()``: the shape of every in-memory view the gateway keeps of a topic."""
 
-    def __init__(self, bootstrap: str, topics: tuple[str, ...], client_id: str, name: str) -> None:
+    def __init__(
+        self, bootstrap: str, topics: tuple[str, ...], client_id: str, name: str, settings: Settings | None = None
+    ) -> None:
+        """``settings``: the Kafka security to connect with (unset: the process's own settings)."""
         self.bootstrap = bootstrap
+        self.settings = settings
         self.client_id = client_id
         self.name = name  # the loop's task name and log label
         self._topics = topics
@@ -86,7 +93,7 @@ class TopicFeed(ABC):
         return self._task is not None and not self._task.done()
 
     async def start(self) -> None:
-        self._consumer = tail_consumer(self.bootstrap, *self._topics, client_id=self.client_id)
+        self._consumer = tail_consumer(self.bootstrap, *self._topics, client_id=self.client_id, settings=self.settings)
         await self._consumer.start()
         await self.on_started(self._consumer)
         loop = run_consumer_loop(self._consumer, self.handle, self.name)

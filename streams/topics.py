@@ -7,6 +7,7 @@ from dataclasses import astuple, dataclass
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from services.kafka_security import kafka_client_options
 from services.logging import get_logger
 from services.settings import Settings
 
@@ -48,7 +49,9 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
     parallelism, so their number is configuration, not a broker default.
     """
     names = TopicNames.from_settings(settings).all()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="memstream-admin")
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, client_id="memstream-admin", **kafka_client_options(settings)
+    )
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -50,7 +50,7 @@ async def run_worker(
     servers = bootstrap or settings.broker
     if not servers:
         raise ValueError("the worker needs a broker: set MEMSTREAM_BROKER or pass bootstrap")
-    await wait_for_kafka(servers)
+    await wait_for_kafka(servers, settings=settings)
     await ensure_topics(settings, servers)
     services = await build_services(settings, llm)
     try:

@@ -74,6 +74,23 @@ await() {
 
 port_of() { sed -n "s/^$2=//p" "$STACK_STATE/$1/ports" 2>/dev/null; }
 
+# --- Secured mode (MEMSTREAM_STACK_SECURE=1): Kafka SASL/SCRAM, Dgraph ACL and token, Weaviate API key ----------
+# Each `up` of a component generates its random secrets into $STACK_SECRETS (0700), one file per setting named as
+# services/settings.py reads it from MEMSTREAM_SECRETS_DIR (memstream_kafka_password, ...; 0600). The printed
+# settings name that folder and the users, never a secret.
+
+STACK_SECURE=${MEMSTREAM_STACK_SECURE:-0}
+STACK_SECRETS=$STACK_STATE/secrets
+secure() { [[ $STACK_SECURE == 1 ]]; }
+
+# new_secret NAME: a fresh random secret in $STACK_SECRETS/NAME (URL-safe, 32 bytes of entropy), printed nowhere.
+new_secret() {
+    mkdir -p "$STACK_SECRETS"
+    chmod 700 "$STACK_SECRETS"
+    (umask 077 && python3 -c 'import secrets; print(secrets.token_urlsafe(32), end="")' >"$STACK_SECRETS/$1")
+}
+secret() { cat "$STACK_SECRETS/$1"; }
+
 # --- Apache Kafka: one process in KRaft combined mode (broker and controller) ------------------------------------
 
 start_kafka() {
@@ -82,15 +99,18 @@ start_kafka() {
     port=$(pick_port MEMSTREAM_STACK_KAFKA_PORT 9092)
     cport=$(free_port)
     printf 'broker=%s\ncontroller=%s\n' "$port" "$cport" >"$dir/ports"
+    local listener=PLAINTEXT format_extra=()
+    if secure; then listener=SASL_PLAINTEXT; fi
+    (umask 077 && : >"$dir/server.properties")  # the secured broker's own SCRAM password goes in here
     cat >"$dir/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=$listener://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=$listener://127.0.0.1:$port
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+inter.broker.listener.name=$listener
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,$listener:$listener
 log.dirs=$dir/data
 num.partitions=4
 auto.create.topics.enable=true
@@ -102,6 +122,18 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 EOF
+    if secure; then
+        # one SCRAM-SHA-256 user, created at format time (KRaft keeps SCRAM credentials in its metadata log); the
+        # broker authenticates to itself as that user. The controller listener stays PLAINTEXT on loopback: it
+        # serves only KRaft's controller RPCs, not produce or fetch.
+        new_secret memstream_kafka_password
+        cat >>"$dir/server.properties" <<EOF
+sasl.enabled.mechanisms=SCRAM-SHA-256
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-256
+listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="memstream" password="$(secret memstream_kafka_password)";
+EOF
+        format_extra=(--add-scram "SCRAM-SHA-256=[name=memstream,password=$(secret memstream_kafka_password)]")
+    fi
     cat >"$dir/log4j2.properties" <<'EOF'
 status = warn
 appender.out.type = Console
@@ -121,12 +153,21 @@ EOF
         "-Dlog4j2.configurationFile=$dir/log4j2.properties" -cp "$(cat "$(kafka_dir)/classpath.txt")")
     # a random cluster id in Kafka's form: 16 bytes, URL-safe base64 without padding
     cluster_id=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
-    java "${java_opts[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" >>"$dir/log" 2>&1 ||
+    java "${java_opts[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+        "${format_extra[@]}" >>"$dir/log" 2>&1 ||
         { say "kafka storage format failed"; return 1; }
-    say "starting Apache Kafka $KAFKA_VERSION on 127.0.0.1:$port"
+    say "starting Apache Kafka $KAFKA_VERSION on 127.0.0.1:$port ($listener)"
     launch kafka java "${java_opts[@]}" kafka.Kafka "$dir/server.properties"
     await kafka || return 1
     echo "export MEMSTREAM_BROKER=127.0.0.1:$port" >"$dir/env"
+    if secure; then
+        cat >>"$dir/env" <<EOF
+export MEMSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT
+export MEMSTREAM_KAFKA_SASL_MECHANISM=SCRAM-SHA-256
+export MEMSTREAM_KAFKA_USERNAME=memstream
+export MEMSTREAM_SECRETS_DIR=$STACK_SECRETS
+EOF
+    fi
 }
 
 # Ready once the server logged that it started and its listener accepts connections.
@@ -145,8 +186,14 @@ start_weaviate() {
     say "starting Weaviate $WEAVIATE_VERSION on 127.0.0.1:$port (gRPC $grpc)"
     # An explicit advertise address: left to itself Weaviate may pick an IPv6 one that its RPC server cannot
     # listen on. No CLUSTER_IN_LOCALHOST: it makes the RPC port RAFT_PORT + 1, which free ports do not honour.
+    local auth=(AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED=true)
+    if secure; then
+        new_secret memstream_weaviate_api_key
+        auth=(AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED=false AUTHENTICATION_APIKEY_ENABLED=true
+            AUTHENTICATION_APIKEY_ALLOWED_KEYS="$(secret memstream_weaviate_api_key)" AUTHENTICATION_APIKEY_USERS=memstream)
+    fi
     launch weaviate env \
-        AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED=true \
+        "${auth[@]}" \
         DEFAULT_VECTORIZER_MODULE=none ENABLE_MODULES= \
         PERSISTENCE_DATA_PATH="$dir/data" \
         GRPC_PORT="$grpc" \
@@ -160,6 +207,7 @@ start_weaviate() {
     await weaviate || return 1
     printf 'export MEMSTREAM_WEAVIATE_HTTP=127.0.0.1:%s\nexport MEMSTREAM_WEAVIATE_GRPC=127.0.0.1:%s\n' \
         "$port" "$grpc" >"$dir/env"
+    if secure; then echo "export MEMSTREAM_SECRETS_DIR=$STACK_SECRETS" >>"$dir/env"; fi
 }
 
 healthy_weaviate() { http_ok "http://127.0.0.1:$(port_of weaviate http)/v1/.well-known/ready"; }
@@ -283,16 +331,68 @@ start_dgraph() {
         ((offset < 1000)) || { say "no free Dgraph port range"; return 1; }
     done
     printf 'http=%s\ngrpc=%s\n' $((8080 + offset)) $((9080 + offset)) >"$dir/ports"
-    say "starting Dgraph $DGRAPH_VERSION (zero and alpha) with port offset $offset"
+    # alpha's security options come from a config file (0600), so the admin token is on no command line
+    (umask 077 && printf 'security: "whitelist=127.0.0.1/8"\n' >"$dir/alpha.yaml")
+    if secure; then
+        # ACL: JWTs signed with an HMAC key of its own; the guardian groot's default password is replaced below.
+        # token: every admin request (schema changes, /admin) must also carry it.
+        new_secret dgraph_acl_hmac
+        new_secret memstream_dgraph_token
+        new_secret memstream_dgraph_password
+        printf 'security: "whitelist=127.0.0.1/8; token=%s"\nacl: "secret-file=%s"\n' \
+            "$(secret memstream_dgraph_token)" "$STACK_SECRETS/dgraph_acl_hmac" >"$dir/alpha.yaml"
+    fi
+    local mode=
+    if secure; then mode=", ACL and admin token"; fi
+    say "starting Dgraph $DGRAPH_VERSION (zero and alpha) with port offset $offset$mode"
     # shellcheck disable=SC2016  # the inner script expands its own arguments
     launch dgraph bash -c '
         "$1" zero --bindall=false --my="127.0.0.1:$((5080 + $3))" --port_offset "$3" --wal "$2/zw" &
         exec "$1" alpha --bindall=false --my="127.0.0.1:$((7080 + $3))" --zero="127.0.0.1:$((5080 + $3))" \
             --port_offset "$3" \
-            --postings "$2/p" --wal "$2/w" --tmp "$2/t" --security "whitelist=127.0.0.1/8"
-    ' dgraph "$(dgraph_bin)" "$dir/data" "$offset"
+            --postings "$2/p" --wal "$2/w" --tmp "$2/t" --config "$4"
+    ' dgraph "$(dgraph_bin)" "$dir/data" "$offset" "$dir/alpha.yaml"
     await dgraph || return 1
     echo "export MEMSTREAM_DGRAPH=127.0.0.1:$((9080 + offset))" >"$dir/env"
+    if secure; then
+        wait_until "$READY_TIMEOUT_S" "groot's new password" set_groot_password "$((8080 + offset))" ||
+            { say "could not set groot's password"; return 1; }
+        printf 'export MEMSTREAM_DGRAPH_USER=groot\nexport MEMSTREAM_SECRETS_DIR=%s\n' "$STACK_SECRETS" >>"$dir/env"
+    fi
+}
+
+# set_groot_password HTTP_PORT: log in as groot with Dgraph's default password and set the generated one, through
+# /admin (GraphQL) with the admin token; the secrets are read from their files, never passed as arguments.
+set_groot_password() {
+    python3 - "http://127.0.0.1:$1/admin" "$STACK_SECRETS" <<'PY'
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+url, secrets = sys.argv[1], Path(sys.argv[2])
+token = (secrets / "memstream_dgraph_token").read_text()
+password = (secrets / "memstream_dgraph_password").read_text()
+
+
+def admin(query: str, variables: dict[str, str], jwt: str | None = None) -> dict:
+    headers = {"Content-Type": "application/json", "X-Dgraph-AuthToken": token}
+    if jwt:
+        headers["X-Dgraph-AccessToken"] = jwt
+    body = json.dumps({"query": query, "variables": variables}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=5) as response:
+        answer = json.load(response)
+    if answer.get("errors"):
+        raise SystemExit(f"dgraph admin: {answer['errors'][0].get('message', '?')}")
+    return answer["data"]
+
+
+login = "mutation($p: String!) { login(userId: \"groot\", password: $p) { response { accessJWT } } }"
+jwt = admin(login, {"p": "password"})["login"]["response"]["accessJWT"]
+update = "mutation($p: String!) { updateUser(input: {filter: {name: {eq: \"groot\"}}, set: {password: $p}}) { user { name } } }"
+admin(update, {"p": password}, jwt)
+admin(login, {"p": password})  # the new password works
+PY
 }
 
 healthy_dgraph() { http_ok "http://127.0.0.1:$(port_of dgraph http)/health"; }

@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Self
 
+from pydantic import SecretStr
+
 from services.adapters.dgraph import DgraphGraphStore
 from services.adapters.weaviate import WeaviateVectorStore
 from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex
@@ -56,12 +58,33 @@ class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache):
         prefix: str = "Memstream",
         timeout_s: float = 30.0,
         outage_s: float = 600.0,
+        dgraph_user: str | None = None,
+        dgraph_password: SecretStr | str | None = None,
+        dgraph_namespace: int = 0,
+        dgraph_token: SecretStr | str | None = None,
+        weaviate_api_key: SecretStr | str | None = None,
     ) -> Self:
-        """``outage_s``: how long each call waits for a server that cannot be reached (``services.backends``)."""
-        graph = await DgraphGraphStore.open(dgraph, timeout_s=timeout_s, outage_s=outage_s)
+        """``outage_s``: how long each call waits for a server that cannot be reached (``services.backends``);
+        the ``dgraph_*`` and ``weaviate_api_key`` credentials as ``DgraphGraphStore`` and ``WeaviateVectorStore``
+        take them (docs/security.md, "Transport security")."""
+        graph = await DgraphGraphStore.open(
+            dgraph,
+            timeout_s=timeout_s,
+            outage_s=outage_s,
+            user=dgraph_user,
+            password=dgraph_password,
+            namespace=dgraph_namespace,
+            token=dgraph_token,
+        )
         try:
             vectors = await WeaviateVectorStore.open(
-                weaviate_http, weaviate_grpc, dim, prefix=prefix, timeout_s=timeout_s, outage_s=outage_s
+                weaviate_http,
+                weaviate_grpc,
+                dim,
+                prefix=prefix,
+                timeout_s=timeout_s,
+                outage_s=outage_s,
+                api_key=weaviate_api_key,
             )
         except BaseException:
             await graph.close()
@@ -85,6 +108,11 @@ class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache):
             dim,
             prefix=settings.weaviate_prefix,
             outage_s=settings.backend_outage_s,
+            dgraph_user=settings.dgraph_user,
+            dgraph_password=settings.dgraph_password,
+            dgraph_namespace=settings.dgraph_namespace,
+            dgraph_token=settings.dgraph_token,
+            weaviate_api_key=settings.weaviate_api_key,
         )
 
     async def close(self) -> None:

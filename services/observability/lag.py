@@ -14,8 +14,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from services.kafka_security import kafka_client_options
 from services.logging import get_logger
 from services.metrics import CONSUMER_LAG
+from services.settings import Settings
 from streams.background import stop_consumer_loop
 
 log = get_logger(__name__)
@@ -24,8 +26,17 @@ log = get_logger(__name__)
 class LagSensor:
     """Samples the lag of ``group`` on ``topics`` every ``interval_s`` into ``memstream_consumer_lag``."""
 
-    def __init__(self, bootstrap: str, group: str, topics: Sequence[str], interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        topics: Sequence[str],
+        interval_s: float = 5.0,
+        settings: Settings | None = None,
+    ) -> None:
+        """``settings``: the Kafka security to connect with (unset: the process's own settings)."""
         self.bootstrap = bootstrap
+        self.security = kafka_client_options(settings)
         self.group = group
         self.topics = list(topics)
         self.interval_s = interval_s
@@ -39,9 +50,11 @@ class LagSensor:
 
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, group_id=None, client_id="memstream-lag-sensor"
+            bootstrap_servers=self.bootstrap, group_id=None, client_id="memstream-lag-sensor", **self.security
         )
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="memstream-lag-sensor")
+        self._admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap, client_id="memstream-lag-sensor", **self.security
+        )
         await self._consumer.start()
         await self._admin.start()
         self._task = asyncio.create_task(self._run(), name="lag-sensor")

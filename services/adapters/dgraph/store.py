@@ -17,6 +17,7 @@ from typing import Any, Self
 import grpc
 import pydgraph
 from prometheus_client import Histogram
+from pydantic import SecretStr
 from pydgraph import AsyncDgraphClient, AsyncDgraphClientStub
 
 from services.backends import RetryPolicy
@@ -60,6 +61,16 @@ def unreachable(error: BaseException) -> bool:
     return isinstance(error, grpc.RpcError) and getattr(error, "code", lambda: None)() in _UNREACHABLE_CODES
 
 
+def login_expired(error: BaseException) -> bool:
+    """Alpha refused the ACL login: the access JWT, and the refresh JWT that pydgraph renews it with, expired."""
+    text = str(error)
+    return "Token is expired" in text or "refresh jwt should not be empty" in text or "unauthenticated" in text.lower()
+
+
+def _secret(value: SecretStr | str | None) -> SecretStr | None:
+    return SecretStr(value) if isinstance(value, str) else value
+
+
 def transient(error: BaseException) -> bool:
     """Reachable, and worth another attempt: a lost write conflict, or the cluster not ready yet."""
     return isinstance(error, pydgraph.AbortedError | pydgraph.RetriableError)
@@ -71,10 +82,26 @@ def schema_text() -> str:
 
 
 class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
-    def __init__(self, address: str, *, timeout_s: float = 30.0, attempts: int = 5, outage_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = 5,
+        outage_s: float = 600.0,
+        user: str | None = None,
+        password: SecretStr | str | None = None,
+        namespace: int = 0,
+        token: SecretStr | str | None = None,
+    ) -> None:
         """``address``: alpha's gRPC ``host:port``; ``outage_s``: how long a call waits for an unreachable alpha.
-        Call ``open`` (or ``connect``) before use."""
+        ``user``/``password``: log in (alpha's ACL) to ``namespace``, and again whenever the login expired;
+        ``token``: alpha's ``--security token=``, sent with schema changes. Call ``open`` (or ``connect``) first."""
+        if (user is None) != (password is None):
+            raise ValueError("a Dgraph ACL login needs both a user and a password")
         self.address = address
+        self.user, self.namespace = user, namespace
+        self._password, self._token = _secret(password), _secret(token)
         self.timeout_s = timeout_s
         self.policy = RetryPolicy("dgraph", unreachable, transient, attempts=attempts, outage_s=outage_s, first_s=0.05)
         self._stub: AsyncDgraphClientStub | None = None
@@ -92,15 +119,36 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
         self._stub = AsyncDgraphClientStub(self.address, options=list(RECONNECT))
         self._client = AsyncDgraphClient(self._stub)
         try:
+            if self.user is not None:
+                await self._retrying("login", self._login)
             version = await self._retrying("version", lambda: self.client.check_version(timeout=self.timeout_s))
             if apply_schema:
                 # altering to the same schema is a no-op; new predicates and indexes are added in place
                 operation = pydgraph.Operation(schema=schema_text())
-                await self._retrying("alter", lambda: self.client.alter(operation, timeout=self.timeout_s))
+                metadata = self._admin_metadata()
+                await self._retrying(
+                    "alter", lambda: self.client.alter(operation, timeout=self.timeout_s, metadata=metadata)
+                )
         except BaseException:
             await self.close()
             raise
-        log.info("dgraph_store_opened", address=self.address, version=version)
+        log.info("dgraph_store_opened", address=self.address, version=version, user=self.user)
+
+    async def _login(self) -> None:
+        """An ACL login with the password (and the admin token, which alpha wants with a login too, when set);
+        pydgraph then renews the access JWT with the refresh JWT by itself."""
+        assert self.user is not None and self._password is not None
+        password, metadata = self._password.get_secret_value(), self._admin_metadata()
+        if self.namespace:
+            await self.client.login_into_namespace(
+                self.user, password, self.namespace, timeout=self.timeout_s, metadata=metadata
+            )
+        else:
+            await self.client.login(self.user, password, timeout=self.timeout_s, metadata=metadata)
+
+    def _admin_metadata(self) -> list[tuple[str, str]] | None:
+        """alpha's ``--security token=`` as gRPC metadata, for admin operations (login, schema changes)."""
+        return [("auth-token", self._token.get_secret_value())] if self._token else None
 
     @property
     def client(self) -> AsyncDgraphClient:
@@ -117,8 +165,20 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
 
     async def _retrying(self, op: str, call: Any) -> Any:
         started = time.perf_counter()
+
+        async def logged_in() -> Any:
+            try:
+                return await call()
+            except Exception as error:
+                # pydgraph renews an expired access JWT itself; past the refresh JWT's life, log in anew, once
+                if self.user is None or op == "login" or not login_expired(error):
+                    raise
+                log.info("dgraph_login_renewed", address=self.address, user=self.user)
+                await self._login()
+                return await call()
+
         try:
-            return await self.policy.run(op, call)
+            return await self.policy.run(op, logged_in)
         finally:
             DGRAPH_LATENCY.labels(op=op).observe(time.perf_counter() - started)
 

@@ -17,7 +17,9 @@ from typing import Any, Self, TypeVar
 import httpx
 import weaviate
 from prometheus_client import Histogram
+from pydantic import SecretStr
 from weaviate.classes.data import DataObject
+from weaviate.classes.init import Auth
 from weaviate.classes.query import Filter, MetadataQuery
 from weaviate.client import WeaviateAsyncClient
 from weaviate.collections import CollectionAsync
@@ -127,13 +129,16 @@ class WeaviateVectorStore(VectorStore):
         timeout_s: float = 30.0,
         attempts: int = 3,
         outage_s: float = 600.0,
+        api_key: SecretStr | str | None = None,
     ) -> None:
-        """``http``/``grpc``: ``host:port`` of Weaviate's REST and gRPC ports. Call ``open`` before use."""
+        """``http``/``grpc``: ``host:port`` of Weaviate's REST and gRPC ports; ``api_key``: sent with every request
+        (REST and gRPC) when Weaviate requires one. Call ``open`` before use."""
         if dim <= 0:
             raise ValueError("dim must be positive")
         self.http, self.grpc = http, grpc
         self.dim = dim
         self.prefix = check_prefix(prefix)
+        self._api_key = SecretStr(api_key) if isinstance(api_key, str) else api_key
         self.timeout_s = timeout_s
         self.policy = RetryPolicy("weaviate", unreachable, attempts=attempts, outage_s=outage_s, first_s=0.1)
         self._client: WeaviateAsyncClient | None = None
@@ -158,6 +163,7 @@ class WeaviateVectorStore(VectorStore):
                 grpc_port,
                 False,
                 additional_config=AdditionalConfig(timeout=timeout),
+                auth_credentials=Auth.api_key(self._api_key.get_secret_value()) if self._api_key else None,
             )
             try:
                 await client.connect()
@@ -172,7 +178,14 @@ class WeaviateVectorStore(VectorStore):
         except BaseException:
             await self.close()
             raise
-        log.info("weaviate_store_opened", http=self.http, grpc=self.grpc, prefix=self.prefix, dim=self.dim)
+        log.info(
+            "weaviate_store_opened",
+            http=self.http,
+            grpc=self.grpc,
+            prefix=self.prefix,
+            dim=self.dim,
+            api_key=self._api_key is not None,  # whether one is sent, never the key
+        )
 
     @property
     def client(self) -> WeaviateAsyncClient:
