@@ -88,7 +88,7 @@ def create_app(settings: Settings, bootstrap: str, services: Services, web_port:
     topics = TopicNames.from_settings(settings)
     app = faust.App(settings.consumer_group, **faust_options(settings, bootstrap, web_port))
     publisher = FaustPublisher(app)
-    memorize_handler = MemorizeHandler(services.memorize, publisher, topics)
+    memorize_handler = MemorizeHandler(services.memorize, publisher, topics, services.forget)
     qa_handler = QAHandler(services.qa, publisher, topics)
 
     memory_events = app.topic(topics.chat, topics.documents, key_serializer="raw", value_serializer="raw")
