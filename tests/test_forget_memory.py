@@ -1,8 +1,10 @@
-"""Forgetting on the embedded store: memory after a forget equals that of a run that never saw what was forgotten.
+"""Forgetting on both stores: memory after a forget equals that of a run that never saw what was forgotten.
 
-The real store, embedder and memorize code; the LLM is a rule-based double (extraction of one fact per message, a
-contradiction judge for "works at"), so two runs over the same messages write the same memory and the comparison
-is exact (content hashes of vertices, edges, applied events and index entries).
+The real stores (embedded SQLite; Dgraph + Weaviate), embedder and memorize code; the LLM is a rule-based double
+(extraction of one fact per message, a contradiction judge for "works at"), so two runs over the same messages
+write the same memory and the comparison is exact: on SQLite the content hash of vertices, edges, applied events
+and index entries; on the remote store a snapshot read through the ports (every vertex reachable from an episode,
+every edge of those, which ids are indexed) plus the per-kind counts, which would show anything left behind.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ import pytest
 from schemas.events import ChatMessage, Document, Forget, ForgetScope, MemoryForgotten
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
+from services.domain import EdgeKind
 from services.llm.layers import CachedLLM
 from services.llm.scripted import ScriptedLLM, rule_extract
 from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
-from services.ports import LLMRequest
+from services.ports import ForgetStore, KeyValueCache, LLMRequest, MemoryStore
 from services.settings import Settings
 from streams.codec import encode
 from streams.handlers import MemorizeHandler, Record
 from streams.topics import TopicNames
+from tests.contract.conftest import remote_addresses
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 INGEST = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -92,9 +96,35 @@ def tombstone(scope: ForgetScope, target: str | None, user: str = "ada", n: int 
     return Forget(event_id=f"f{n}", user_id=user, scope=scope, target=target, event_time=INGEST)
 
 
+USERS = ("ada", "ben")
+
+
+class Store(MemoryStore, ForgetStore, KeyValueCache):
+    """What both stores are: memory, forgetting and the LLM cache."""
+
+
+async def snapshot(store: Any, user: str) -> Any:
+    """The user's memory, as equal as two runs over the same messages make it (no ingest-time clocks)."""
+    if isinstance(store, SqliteMemoryStore):
+        return (await store.content_hashes()).get(user)
+    episodes = await store.episodes(user, None)
+    links = await store.neighbors(user, [e.id for e in episodes], [EdgeKind.EPISODIC])
+    vertices = {v.id: v for v in episodes} | {t.start.id: t.start for t in links}
+    edges = {t.edge.id: t.edge for t in await store.neighbors(user, sorted(vertices))}
+    relations = [e for e in edges.values() if e.kind is EdgeKind.RELATION]
+    indexed = await store.get_vectors(user, sorted(vertices) + [e.id for e in relations])
+    stats = await store.stats(user)
+    return (
+        sorted(v.model_dump_json(exclude={"t_created", "t_expired"}) for v in vertices.values()),
+        sorted(e.model_dump_json() for e in edges.values()),
+        sorted(indexed),
+        stats.model_dump_json(),
+    )
+
+
 @dataclass
 class Memory:
-    store: SqliteMemoryStore
+    store: Any
     llm: ScriptedLLM
     memorize: MemorizeService
     forget: ForgetService
@@ -104,17 +134,30 @@ class Memory:
             outcome = await self.memorize.memorize([event])
             assert not outcome.dead_letters
 
-    async def hashes(self) -> dict[str, str]:
-        return await self.store.content_hashes()
+    async def snapshot(self, user: str = "ada") -> Any:
+        return await snapshot(self.store, user)
 
 
-@pytest.fixture
-async def open_memory(tmp_path: Path, embedder: MiniLMEmbedder) -> AsyncIterator[Any]:
-    stores: list[SqliteMemoryStore] = []
+@pytest.fixture(params=["sqlite", pytest.param("remote", marks=pytest.mark.server)])
+async def open_memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: MiniLMEmbedder) -> AsyncIterator[Any]:
+    """``make(name)``: a fresh memory. SQLite: a file each; remote: the one store, the test users erased first
+    (so take a snapshot of one memory before making the next)."""
+    stores: list[Any] = []
 
     async def make(name: str) -> Memory:
-        store = await SqliteMemoryStore.open(tmp_path / f"{name}.sqlite3", dim=embedder.dim)
-        stores.append(store)
+        if request.param == "sqlite":
+            store: Any = await SqliteMemoryStore.open(tmp_path / f"{name}.sqlite3", dim=embedder.dim)
+            stores.append(store)
+        else:
+            from services.adapters.remote import RemoteMemoryStore
+
+            if not stores:
+                dgraph, http, grpc = remote_addresses()
+                stores.append(await RemoteMemoryStore.open(dgraph, http, grpc, embedder.dim, prefix="MemstreamForget"))
+            store = stores[0]
+            for user in USERS:
+                await store.delete_user(user)
+                await store.forget(user, None)
         llm = ScriptedLLM({"extract": extract, "resolve": resolve}, model="scripted-rules")
         cached = CachedLLM(llm, store)
         settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
@@ -139,22 +182,22 @@ CHATS = [
 async def test_forgetting_a_message_leaves_memory_as_if_never_said(open_memory: Any) -> None:
     full = await open_memory("full")
     await full.said([*CHATS, chat(1, "Ben met Olga in Riga.", user="ben")])
-    ben_before = (await full.hashes())["ben"]
+    ben_before = await full.snapshot("ben")
     outcome = await full.forget.forget(tombstone(ForgetScope.MESSAGE, "ada-m5"), "chat")
     assert outcome.source_event_ids == ["ada-m5"] and outcome.vertices_removed >= 3 and outcome.edges_removed >= 3
-
-    never = await open_memory("never")
-    await never.said([c for c in CHATS if c.event_id != "ada-m5"])
-    assert (await full.hashes())["ada"] == (await never.hashes())["ada"]
-    assert (await full.hashes())["ben"] == ben_before  # another user's memory is untouched
+    assert await full.snapshot("ben") == ben_before  # another user's memory is untouched
     # nothing of it is found any more, by words or by meaning
     assert await full.store.search("ada", [], None, "locker Zephyrgym 4711", k=10) == []
     vector = (await full.memorize.embedder.embed(["my locker code"]))[0]
     hits = await full.store.search("ada", [], vector, None, k=50)
     found = await full.store.get_vertices("ada", [h.id for h in hits])
-    assert not any("4711" in v.name or "Zephyrgym" in v.name for v in found.values())
-    stats = await full.store.stats("ada")
-    assert stats.events == len(CHATS) - 1
+    assert hits and not any("4711" in v.name or "Zephyrgym" in v.name for v in found.values())
+    assert (await full.store.stats("ada")).events == len(CHATS) - 1
+    after = await full.snapshot()
+
+    never = await open_memory("never")
+    await never.said([c for c in CHATS if c.event_id != "ada-m5"])
+    assert after == await never.snapshot()
 
 
 async def test_what_another_source_supports_stays_with_its_times(open_memory: Any) -> None:
@@ -163,11 +206,12 @@ async def test_what_another_source_supports_stays_with_its_times(open_memory: An
     await full.said(CHATS)
     await full.forget.forget(tombstone(ForgetScope.MESSAGE, "ada-m1"), "chat")
     await full.forget.forget(tombstone(ForgetScope.MESSAGE, "ada-m2", n=2), "chat")
-    never = await open_memory("never")
-    await never.said(CHATS[2:])
-    assert (await full.hashes())["ada"] == (await never.hashes())["ada"]
     maria = await full.store.find_objects("ada", ["maria"])
     assert maria["maria"].t_valid == CHATS[2].event_time  # first said in message 3 now
+    after = await full.snapshot()
+    never = await open_memory("never")
+    await never.said(CHATS[2:])
+    assert after == await never.snapshot()
 
 
 async def test_forgetting_the_update_makes_the_old_state_true_again(open_memory: Any) -> None:
@@ -178,9 +222,10 @@ async def test_forgetting_the_update_makes_the_old_state_true_again(open_memory:
     assert outcome.theses_restored == 1
     [valid] = await full.store.valid_theses("ada")
     assert "Siemens" in valid.name and valid.t_invalid is None and valid.invalidated_by is None
+    after = await full.snapshot()
     never = await open_memory("never")
     await never.said([chat(1, "I work at Siemens.")])
-    assert (await full.hashes())["ada"] == (await never.hashes())["ada"]
+    assert after == await never.snapshot()
 
 
 async def test_forgetting_a_conversation_and_a_document(open_memory: Any) -> None:
@@ -192,9 +237,10 @@ async def test_forgetting_a_conversation_and_a_document(open_memory: Any) -> Non
     assert conversation.source_event_ids == sorted(c.event_id for c in CHATS)
     document = await full.forget.forget(tombstone(ForgetScope.DOCUMENT, "doc20", n=2), "documents")
     assert document.source_event_ids == ["ada-d20"]
+    after = await full.snapshot()
     never = await open_memory("never")
     await never.said([*other, docs[1]])
-    assert (await full.hashes())["ada"] == (await never.hashes())["ada"]
+    assert after == await never.snapshot()
 
 
 async def test_a_forgotten_event_is_not_memorized_again_and_the_tombstone_replays_its_outcome(
@@ -217,15 +263,20 @@ async def test_a_forgotten_event_is_not_memorized_again_and_the_tombstone_replay
 async def test_forgetting_a_user_erases_everything_and_later_messages_are_new_memory(open_memory: Any) -> None:
     full = await open_memory("full")
     await full.said([*CHATS, doc(20, "Zephyrgym opens at six."), chat(1, "Ben met Olga in Riga.", user="ben")])
-    ben_before = (await full.hashes())["ben"]
+    ben_before = await full.snapshot("ben")
     outcome = await full.forget.forget(tombstone(ForgetScope.USER, None), "chat")
     assert outcome.removed_all and outcome.cache_entries_removed > 0
-    dump = await full.store.dump("ada")
-    assert dump["vertices"] == dump["edges"] == dump["items"] == dump["vectors"] == dump["kv_sources"] == []
-    assert "ada" not in await full.hashes() and (await full.hashes())["ben"] == ben_before
+    stats = await full.store.stats("ada")
+    assert sum(stats.vertices.values()) == sum(stats.edges.values()) == 0
+    assert await full.store.search("ada", [], None, "Zephyrgym Maria Alfama", k=10) == []
+    if isinstance(full.store, SqliteMemoryStore):
+        dump = await full.store.dump("ada")
+        assert dump["vertices"] == dump["edges"] == dump["items"] == dump["vectors"] == dump["kv_sources"] == []
+        assert stats.events == 0
+    assert await full.snapshot("ben") == ben_before
     assert (await full.memorize.memorize([CHATS[0]])).skipped == ["ada-m1"]  # a redelivery stays forgotten
     await full.said([chat(30, "I started rowing with Ugo.")])
-    assert (await full.store.stats("ada")).events == 1
+    assert len(await full.store.valid_theses("ada")) == 1
 
 
 async def test_cached_extractions_of_forgotten_messages_go_and_are_never_shared_between_users(
@@ -236,15 +287,16 @@ async def test_cached_extractions_of_forgotten_messages_go_and_are_never_shared_
     await full.said([chat(1, same), chat(1, same, user="ben"), chat(2, "I love the Alfama quarter.")])
     extract_calls = len(full.llm.calls_for("extract"))
     assert extract_calls == 3  # ben's equal prompt was not served from ada's cache entry
-    kv_before = (await full.store.dump())["kv"]
     outcome = await full.forget.forget(tombstone(ForgetScope.MESSAGE, "ada-m1"), "chat")
     assert outcome.cache_entries_removed >= 1
-    sources = (await full.store.dump())["kv_sources"]
-    assert ("ada", "ada-m1") not in {(user, event) for _, user, event in sources}
-    assert ("ben", "ben-m1") in {(user, event) for _, user, event in sources}
-    assert len((await full.store.dump())["kv"]) == len(kv_before) - outcome.cache_entries_removed
-    # memorizing ada's message again (a new event id) asks the model again: nothing of the old one was kept
+    if isinstance(full.store, SqliteMemoryStore):
+        sources = (await full.store.dump())["kv_sources"]
+        assert ("ada", "ada-m1") not in {(user, event) for _, user, event in sources}
+        assert ("ben", "ben-m1") in {(user, event) for _, user, event in sources}
+    # ada's message memorized again (a new event id) asks the model again: nothing of the old one was kept; ben's
+    # is still cached
     await full.said([ChatMessage(**{**chat(1, same).model_dump(), "event_id": "ada-m1b"})])
+    await full.said([ChatMessage(**{**chat(1, same, user="ben").model_dump(), "event_id": "ben-m1b"})])
     assert len(full.llm.calls_for("extract")) == extract_calls + 1
 
 
@@ -275,6 +327,7 @@ async def test_the_worker_applies_a_tombstone_in_order_with_the_users_events(ope
         if t == topics.memory_updates and b"memory_forgotten" in v
     ]
     assert [f.forget_id for f in forgotten] == ["f1"] and forgotten[0].source_event_ids == ["ada-m1", "ada-m5"]
+    after = await full.snapshot()
     never = await open_memory("never")
     await never.said([later])
-    assert (await full.hashes())["ada"] == (await never.hashes())["ada"]
+    assert after == await never.snapshot()

@@ -12,17 +12,26 @@ there (and announces counts of zero: what it added this time).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Self
 
 from pydantic import SecretStr
 
 from services.adapters.dgraph import DgraphGraphStore
 from services.adapters.weaviate import WeaviateVectorStore
-from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex
+from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Erasure, Stats, Triplet, Vertex
 from services.logging import get_logger
 from services.metrics import STORE_WRITE_LATENCY
-from services.ports import AnnouncementLog, KeyValueCache, MemoryStore, Vector, VectorHit, VectorItem
+from services.ports import (
+    AnnouncementLog,
+    CacheScope,
+    ForgetStore,
+    KeyValueCache,
+    MemoryStore,
+    Vector,
+    VectorHit,
+    VectorItem,
+)
 from services.settings import Settings
 
 log = get_logger(__name__)
@@ -40,7 +49,7 @@ def check_change_set(change_set: ChangeSet, vectors: Sequence[VectorItem], dim: 
             raise ValueError(f"vector {vector.id} has {len(vector.vector)} dimensions, the store has {dim}")
 
 
-class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache):
+class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache, ForgetStore):
     def __init__(self, graph: DgraphGraphStore, vectors: WeaviateVectorStore) -> None:
         """Both parts already open (see ``open``); the store closes them."""
         self.graph = graph
@@ -207,5 +216,30 @@ class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache):
     async def get(self, key: str) -> str | None:
         return await self.graph.get(key)
 
-    async def put(self, key: str, value: str) -> None:
-        await self.graph.put(key, value)
+    async def put(self, key: str, value: str, scope: CacheScope | None = None) -> None:
+        await self.graph.put(key, value, scope)
+
+    async def forget(self, user_id: str, event_ids: Sequence[str] | None) -> int:
+        return await self.graph.forget(user_id, event_ids)
+
+    # -- ForgetStore: vectors first, then the graph in one transaction (see ``ForgetStore.erase``) ---------------
+
+    async def episodes(self, user_id: str, match: Mapping[str, str] | None) -> list[Vertex]:
+        return await self.graph.episodes(user_id, match)
+
+    async def invalidated_by(self, user_id: str, thesis_ids: Sequence[str]) -> list[Vertex]:
+        return await self.graph.invalidated_by(user_id, thesis_ids)
+
+    async def forget_outcome(self, user_id: str, forget_id: str) -> str | None:
+        return await self.graph.forget_outcome(user_id, forget_id)
+
+    async def erase(self, erasure: Erasure) -> None:
+        started = time.perf_counter()
+        try:
+            if erasure.whole_user:
+                await self.vectors.delete_user(erasure.user_id)
+            else:
+                await self.vectors.delete(erasure.user_id, erasure.delete_vectors)
+            await self.graph.erase(erasure)
+        finally:
+            STORE_WRITE_LATENCY.labels(store="remote").observe(time.perf_counter() - started)

@@ -59,7 +59,7 @@ def erase_upsert(erasure: Erasure) -> Upsert:
             "pas as var(func: eq(announce.user, $u))",
             "evs as var(func: eq(event.user, $u))",
         ]
-        forgotten = nquads("uid(evs)", {"event.change_set": erasure.forget_id})
+        forgotten = nquads("uid(evs)", {"event.change_set": erasure.forget_id, "event.forgotten": "true"})
         up.mutations.append(Mutation(forgotten, once, [_delete_all(v) for v in ("vs", "es", "pas")]))
     else:
         if erasure.delete_vertices:
@@ -97,6 +97,7 @@ def erase_upsert(erasure: Erasure) -> Upsert:
                 "event.id": event_id,
                 "event.user": user,
                 "event.change_set": erasure.forget_id,
+                "event.forgotten": "true",
             }
             up.mutations.append(Mutation(nquads(f"uid({var})", marker), once))
     record: Values = {

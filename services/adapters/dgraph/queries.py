@@ -133,7 +133,7 @@ def stats(user_id: str) -> tuple[Params, str]:
 edges(func: eq(edge.user, $u)) @groupby(edge.kind) { count(uid) }
 valid(func: eq(vertex.user, $u)) @filter(eq(vertex.kind, "thesis") AND NOT has(vertex.t_invalid)) { count(uid) }
 invalid(func: eq(vertex.user, $u)) @filter(eq(vertex.kind, "thesis") AND has(vertex.t_invalid)) { count(uid) }
-events(func: eq(event.user, $u)) { count(uid) }"""
+events(func: eq(event.user, $u)) @filter(NOT has(event.forgotten)) { count(uid) }"""
     return p, p.query(body, False)
 
 

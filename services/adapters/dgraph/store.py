@@ -21,11 +21,11 @@ from pydantic import SecretStr
 from pydgraph import AsyncDgraphClient, AsyncDgraphClientStub
 
 from services.backends import RetryPolicy
-from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Stats, Triplet, Vertex, VertexKind
+from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Erasure, Stats, Triplet, Vertex, VertexKind
 from services.logging import get_logger
-from services.ports import AnnouncementLog, GraphStore, KeyValueCache
+from services.ports import AnnouncementLog, CacheScope, ForgetStore, GraphStore, KeyValueCache
 
-from . import queries
+from . import forget, queries
 from .codec import is_vertex, read_edge, read_vertex
 from .write import (
     Mutation,
@@ -36,6 +36,7 @@ from .write import (
     delete_user_upsert,
     events_upsert,
     kv_put_upsert,
+    nquads,
 )
 
 log = get_logger(__name__)
@@ -81,7 +82,7 @@ def schema_text() -> str:
     return resources.files("schemas").joinpath("dgraph.dql").read_text(encoding="utf-8")
 
 
-class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
+class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache, ForgetStore):
     def __init__(
         self,
         address: str,
@@ -352,9 +353,37 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
         nodes = (await self._query("kv_get", query, variables)).get("q", [])
         return str(nodes[0]["kv.value"]) if nodes else None
 
-    async def put(self, key: str, value: str) -> None:
+    async def put(self, key: str, value: str, scope: CacheScope | None = None) -> None:
         query, variables, mutation = kv_put_upsert(key, value)
+        mutation.nquads += nquads("uid(entry)", forget.kv_sources(scope))
         await self._request("kv_put", query, variables, [mutation])
+
+    async def forget(self, user_id: str, event_ids: Sequence[str] | None) -> int:
+        up = forget.kv_forget_upsert(user_id, None if event_ids is None else list(dict.fromkeys(event_ids)))
+        return _count(await self._upsert("kv_forget", up), "removed")
+
+    # -- ForgetStore -------------------------------------------------------------------------------------------
+
+    async def episodes(self, user_id: str, match: Mapping[str, str] | None) -> list[Vertex]:
+        params, query = forget.episodes_query(user_id)
+        nodes = (await self._query("episodes", query, params.values)).get("q", [])
+        found = [read_vertex(node) for node in nodes]
+        return [v for v in found if all(v.props.get(k) == value for k, value in (match or {}).items())]
+
+    async def invalidated_by(self, user_id: str, thesis_ids: Sequence[str]) -> list[Vertex]:
+        if not thesis_ids:
+            return []
+        params, query = forget.invalidated_by_query(user_id, list(dict.fromkeys(thesis_ids)))
+        return [read_vertex(node) for node in (await self._query("invalidated_by", query, params.values)).get("q", [])]
+
+    async def forget_outcome(self, user_id: str, forget_id: str) -> str | None:
+        params, query = forget.outcome_query(user_id, forget_id)
+        nodes = (await self._query("forget_outcome", query, params.values)).get("q", [])
+        return str(nodes[0]["forget.outcome"]) if nodes else None
+
+    async def erase(self, erasure: Erasure) -> None:
+        """The graph part of a forget, in one transaction (the vector store's part comes first)."""
+        await self._upsert("erase", forget.erase_upsert(erasure))
 
 
 def _grouped(result: Mapping[str, Any], block: str, predicate: str) -> dict[str, int]:

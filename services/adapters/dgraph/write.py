@@ -218,17 +218,19 @@ def kv_put_upsert(key: str, value: str) -> tuple[str, dict[str, str], Mutation]:
 
 
 def delete_user_upsert(user_id: str) -> Upsert:
-    """Every node of one user (vertices, edges, applied events, pending announcements), every predicate (``S * *``)."""
+    """Every node of one user (vertices, edges, applied and forgotten events, pending announcements, applied
+    forgets), every predicate (``S * *``). For tests and tools: a user's forget in use is a ``Forget`` tombstone."""
     up = Upsert(Params(user_id))
     up.blocks = [
         "vs as var(func: eq(vertex.user, $u))",
         "es as var(func: eq(edge.user, $u))",
         "evs as var(func: eq(event.user, $u))",
         "pas as var(func: eq(announce.user, $u))",
+        "fs as var(func: eq(forget.user, $u))",
     ]
     star = api.Value(default_val=STAR)
     deletes = [
-        api.NQuad(subject=f"uid({var})", predicate=STAR, object_value=star) for var in ("vs", "es", "evs", "pas")
+        api.NQuad(subject=f"uid({var})", predicate=STAR, object_value=star) for var in ("vs", "es", "evs", "pas", "fs")
     ]
     up.mutations.append(Mutation(deletes=deletes))
     return up

@@ -299,6 +299,30 @@ class WeaviateVectorStore(VectorStore):
                 "upsert", lambda: asyncio.gather(*(write(k, b) for k, b in batches)), attempt_s=self.timeout_s
             )
 
+    async def delete(self, user_id: str, ids: Sequence[str]) -> None:
+        """Remove these items from this user's tenants (each from the collection its id's prefix names; ids of
+        another shape from every one). Items already gone are no error: a replayed forget deletes again."""
+        routed: dict[str, list[str]] = {}
+        for item_id in dict.fromkeys(ids):
+            kind = KIND_OF_PREFIX.get(item_id[:2])
+            for one in [kind] if kind else list(KIND_SUFFIX):
+                routed.setdefault(one, []).append(item_id)
+
+        async def drop(kind: str, kind_ids: list[str]) -> None:
+            for start in range(0, len(kind_ids), BATCH_SIZE):
+                part = kind_ids[start : start + BATCH_SIZE]
+
+                async def one(tenant: CollectionAsync[Any, Any], part: list[str] = part) -> list[None]:
+                    await tenant.data.delete_many(where=self._id_filter(part))
+                    return []
+
+                await self._per_kind(user_id, [kind], one)
+
+        if routed:
+            await self._retrying(
+                "delete", lambda: asyncio.gather(*(drop(k, i) for k, i in routed.items())), attempt_s=self.timeout_s
+            )
+
     async def delete_user(self, user_id: str) -> None:
         """Drop this user's tenant from every collection."""
         tenant = tenant_name(user_id)
