@@ -8,6 +8,7 @@ names, topic names, the consumer group, the gateway's health path and the dashbo
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.settings import Settings
+from services.settings import DEFAULT_SECRETS_DIR, Settings
 from streams.topics import TopicNames
 
 pytestmark = pytest.mark.slow
@@ -287,3 +288,56 @@ def test_server_images_match_the_versions_ci_runs(manifests: dict[str, list[Mani
             if not container["image"].split(":")[0].endswith("memstream")
         }
         assert images == {f"{name}:{tag}" for name, tag in expected.items()}, overlay
+
+
+def container_of(docs: list[Manifest], kind: str, name: str, container: str | None = None) -> Manifest:
+    spec = find(docs, kind, name)["spec"]["template"]["spec"]
+    return next(c for c in spec["containers"] if container is None or c["name"] == container)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_credentials_come_from_secrets(manifests: dict[str, list[Manifest]], overlay: str) -> None:
+    """Transport security (docs/security.md): memstream reads its secrets as files from the memstream-credentials
+    Secret; Weaviate and Dgraph take theirs from the same Secret; the committed values are placeholders only."""
+    docs = manifests[overlay]
+    credentials = find(docs, "Secret", "memstream-credentials")
+    assert set(credentials["data"]) >= {
+        "memstream_dgraph_password",
+        "memstream_dgraph_token",
+        "memstream_weaviate_api_key",
+    }
+    for doc in (credentials, find(docs, "Secret", "dgraph-acl"), find(docs, "Secret", "memstream-metrics-key")):
+        assert all(base64.b64decode(v).startswith(b"change-me") for v in doc["data"].values()), doc["metadata"]
+    for owner in ("memstream-worker", "memstream-gateway"):
+        spec = find(docs, "Deployment", owner)["spec"]["template"]["spec"]
+        volume = next(
+            v["name"]
+            for v in spec["volumes"]
+            if v.get("secret", {}).get("secretName") == credentials["metadata"]["name"]
+        )
+        mounts = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+        assert mounts[volume] == str(DEFAULT_SECRETS_DIR), owner
+    weaviate = {e["name"]: e for e in container_of(docs, "StatefulSet", "weaviate")["env"]}
+    assert weaviate["AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED"]["value"] == "false"
+    assert weaviate["AUTHENTICATION_APIKEY_ALLOWED_KEYS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "memstream-credentials",
+        "key": "memstream_weaviate_api_key",
+    }
+    alpha = container_of(docs, "StatefulSet", "dgraph-alpha", "alpha")
+    assert "--acl=" in alpha["args"][0] and "token=${DGRAPH_ADMIN_TOKEN}" in alpha["args"][0]
+    alpha_env = {e["name"]: e for e in alpha["env"]}
+    assert alpha_env["DGRAPH_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "memstream_dgraph_token"
+    assert config_map(docs, "memstream-config")["data"]["MEMSTREAM_DGRAPH_USER"] == "groot"
+
+
+def test_prometheus_scrapes_the_gateway_with_the_metrics_key(manifests: dict[str, list[Manifest]]) -> None:
+    plain = yaml.safe_load(config_map(manifests["dev"], "prometheus-scrape")["data"]["prometheus.yml"])
+    pods = next(job for job in plain["scrape_configs"] if job["job_name"] == "memstream-pods")
+    assert pods["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/etc/prometheus/secrets/memstream-metrics-key/token",
+    }
+    monitor = find(manifests["prod"], "ServiceMonitor", "memstream-gateway")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["authorization"]["credentials"] == {"name": "memstream-metrics-key", "key": "token"}
+    find(manifests["prod"], "Secret", "memstream-metrics-key")

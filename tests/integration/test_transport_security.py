@@ -125,7 +125,7 @@ def test_settings_read_the_secrets_from_the_folder(settings: Settings, secured: 
 
 
 async def start_producer(bootstrap: str, **options: object) -> AIOKafkaProducer:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000, **options)  # type: ignore[arg-type]
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000, **options)
     try:
         await asyncio.wait_for(producer.start(), 60)
     except BaseException:
