@@ -87,6 +87,9 @@ class TopicFeed(ABC):
         self._topics = topics
         self._task: asyncio.Task[None] | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self.caught_up = False
+        self.loaded = asyncio.Event()  # set once the feed has read what its topics held when it started
+        self._ends: dict[TopicPartition, int] = {}
 
     @property
     def running(self) -> bool:
@@ -95,9 +98,47 @@ class TopicFeed(ABC):
     async def start(self) -> None:
         self._consumer = tail_consumer(self.bootstrap, *self._topics, client_id=self.client_id, settings=self.settings)
         await self._consumer.start()
+        self.caught_up = False
+        await self._consumer.topics()  # partition metadata
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in self._topics
+            for p in sorted(self._consumer.partitions_for_topic(topic) or ())
+        ]
+        self._ends = await self._consumer.end_offsets(partitions) if partitions else {}
         await self.on_started(self._consumer)
-        loop = run_consumer_loop(self._consumer, self.handle, self.name)
+        loop = run_consumer_loop(self._consumer, self._fetched, self.name)
         self._task = asyncio.create_task(loop, name=self.name)
+
+    async def wait_loaded(self, timeout_s: float) -> bool:
+        """Wait until the feed read its backlog; False (logged) if it took longer than ``timeout_s``."""
+        try:
+            await asyncio.wait_for(self.loaded.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("feed_backlog_not_read", feed=self.name, waited_s=timeout_s)
+            return False
+        return True
+
+    async def _fetched(self, fetched: Fetch) -> None:
+        await self.handle(fetched)
+        if not self.caught_up and self._consumer is not None:
+            self.caught_up = await self._reached_ends(self._consumer)
+            if self.caught_up:
+                self.loaded.set()
+                await self.on_loaded()
+
+    async def _reached_ends(self, consumer: AIOKafkaConsumer) -> bool:
+        for tp, end in self._ends.items():
+            try:
+                if await consumer.position(tp) < end:
+                    return False
+            except Exception:  # not assigned yet
+                return False
+        return True
+
+    async def on_loaded(self) -> None:
+        """Called once, when the backlog was read."""
+        return None
 
     async def on_started(self, consumer: AIOKafkaConsumer) -> None:
         """Called once the consumer is started, before the first fetch (e.g. to read where the topics end)."""

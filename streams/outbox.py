@@ -94,6 +94,7 @@ class Outbox:
         conn.execute("PRAGMA busy_timeout = 10000")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = FULL")  # WAL + FULL: every commit fsyncs the log before it returns
+        conn.execute("PRAGMA secure_delete = ON")  # a forgotten message's text does not linger in free pages
         conn.executescript(_SCHEMA)
         self._conn = conn
         _fsync_dir(self.path.parent)  # the new file's directory entry survives a power cut too

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from schemas.events import Answer
+from services.settings import Settings
 from streams.background import Fetch, TopicFeed, decode_records
 
 
@@ -56,8 +57,10 @@ class AnswerBook:
 class AnswerFeed(TopicFeed):
     """Consumes the answers topic into an ``AnswerBook`` until stopped."""
 
-    def __init__(self, bootstrap: str, topic: str, book: AnswerBook) -> None:
-        super().__init__(bootstrap, (topic,), client_id="memstream-gateway-answers", name="answer-feed")
+    def __init__(self, bootstrap: str, topic: str, book: AnswerBook, settings: Settings | None = None) -> None:
+        super().__init__(
+            bootstrap, (topic,), client_id="memstream-gateway-answers", name="answer-feed", settings=settings
+        )
         self.topic = topic
         self.book = book
 

@@ -50,6 +50,7 @@ from services.gateway.forget import (
 from services.gateway.graph import LazyStore
 from services.gateway.limits import BodyLimitMiddleware
 from services.gateway.observability import install as install_observability
+from services.kafka_security import kafka_client_options
 from services.logging import get_logger
 from services.observability.context import bind
 from services.ports import AnnouncementLog
@@ -67,6 +68,8 @@ StatsReader = Callable[[str], Awaitable[Stats]]
 AppliedReader = Callable[[str, Sequence[str]], Awaitable[set[str]]]
 #: how long the start-up outbox replay waits for the dead-letter backlog (dead events are not replayed)
 DEAD_LETTERS_BACKLOG_WAIT_S = 60.0
+#: how long the start waits for the forgets announced so far before it reads answers and dead letters back
+FORGETS_BACKLOG_WAIT_S = 60.0
 #: how long a new memory event waits for the start-up replay before it is published anyway
 REPLAY_WAIT_S = 10.0
 
@@ -124,9 +127,9 @@ def create_app(
         raise ValueError("the gateway needs a broker: set MEMSTREAM_BROKER or pass bootstrap")
     topics = TopicNames.from_settings(settings)
     book = AnswerBook(answers_capacity)
-    feed = AnswerFeed(servers, topics.answers, book)
+    feed = AnswerFeed(servers, topics.answers, book, settings)
     dead_letters = DeadLetterBook(dead_letters_capacity)
-    dead_letter_feed = DeadLetterFeed(servers, topics.dead_letters, dead_letters)
+    dead_letter_feed = DeadLetterFeed(servers, topics.dead_letters, dead_letters, settings)
     store = StoreStats(settings) if stats_reader is None or applied_reader is None else None
     read_stats: StatsReader = stats_reader or store  # type: ignore[assignment]
     read_applied: AppliedReader = applied_reader or store.applied  # type: ignore[union-attr]
@@ -155,18 +158,16 @@ def create_app(
     ledger = ForgetLedger()
     forgets = ForgetBook(topics)
     purger = Purger(ledger, forgets, book, dead_letters, outbox)
-    forget_feed = MemoryUpdatesFeed(servers, topics.memory_updates, purger)
+    forget_feed = MemoryUpdatesFeed(servers, topics.memory_updates, purger, settings)
 
     async def dead_letters_known() -> None:
-        try:
-            await asyncio.wait_for(dead_letter_feed.loaded.wait(), DEAD_LETTERS_BACKLOG_WAIT_S)
-        except TimeoutError:
+        if not await dead_letter_feed.wait_loaded(DEAD_LETTERS_BACKLOG_WAIT_S):
             log.warning("outbox_replay_without_dead_letters", waited_s=DEAD_LETTERS_BACKLOG_WAIT_S)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await outbox.open()
-        await wait_for_kafka(servers)
+        await wait_for_kafka(servers, settings=settings)
         await ensure_topics(settings, servers)
         # acks=all: every in-sync replica has the record; idempotent: a retried send is not written twice
         producer = AIOKafkaProducer(
@@ -175,12 +176,16 @@ def create_app(
             enable_idempotence=settings.kafka_idempotence,
             linger_ms=5,
             client_id="memstream-gateway",
+            **kafka_client_options(settings),
         )
         await producer.start()
         producer_box.append(producer)
+        # the erasures first: answers, traces and dead letters read back from their topics are then checked
+        # against every forget already applied, so a restart never shows a forgotten copy, even for a moment
+        await forget_feed.start()
+        await forget_feed.wait_loaded(FORGETS_BACKLOG_WAIT_S)
         await feed.start()
         await dead_letter_feed.start()
-        await forget_feed.start()
         await relay.start(ready=dead_letters_known)  # what an earlier run acknowledged goes out again first
         log.info("gateway_ready", broker=servers, outbox=str(outbox.path))
         try:

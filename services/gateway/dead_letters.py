@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter
@@ -33,6 +32,7 @@ from schemas.events import Query as QueryEvent
 from services.gateway import inputs
 from services.gateway.auth import Admin, Reader
 from services.logging import get_logger
+from services.settings import Settings
 from streams.background import Fetch, TopicFeed, decode_records
 from streams.topics import TopicNames
 
@@ -236,24 +236,16 @@ class DeadLetterFeed(TopicFeed):
     """Consumes the dead-letter topic into a ``DeadLetterBook`` until stopped; ``caught_up`` once it has read what
     the topic held when the feed started (a replay before then could miss a newer failure)."""
 
-    def __init__(self, bootstrap: str, topic: str, book: DeadLetterBook) -> None:
-        super().__init__(bootstrap, (topic,), client_id="memstream-gateway-dead-letters", name="dead-letter-feed")
+    def __init__(self, bootstrap: str, topic: str, book: DeadLetterBook, settings: Settings | None = None) -> None:
+        super().__init__(
+            bootstrap, (topic,), client_id="memstream-gateway-dead-letters", name="dead-letter-feed", settings=settings
+        )
         self.topic = topic
         self.book = book
         #: called with every dead letter read (the outbox marks its events dead); must not raise
         self.listeners: list[Callable[[DeadLetter], Awaitable[None]]] = []
         #: ``True`` for a dead letter of forgotten events: neither kept nor told to the listeners
         self.refuse: Callable[[DeadLetter], bool] = lambda _letter: False
-        self.caught_up = False
-        self.loaded = asyncio.Event()  # set once caught up for the first time
-        self._ends: dict[TopicPartition, int] = {}
-
-    async def on_started(self, consumer: AIOKafkaConsumer) -> None:
-        self.caught_up = False
-        await consumer.topics()  # partition metadata
-        numbers = sorted(consumer.partitions_for_topic(self.topic) or ())
-        partitions = [TopicPartition(self.topic, p) for p in numbers]
-        self._ends = await consumer.end_offsets(partitions) if partitions else {}
 
     async def handle(self, fetched: Fetch) -> None:
         for records in fetched.values():
@@ -263,20 +255,9 @@ class DeadLetterFeed(TopicFeed):
                 self.book.add(letter)
                 for listener in self.listeners:
                     await listener(letter)
-        if not self.caught_up and self._consumer is not None:
-            self.caught_up = await self._reached_ends(self._consumer)
-            if self.caught_up:
-                self.loaded.set()
-                log.info("dead_letters_loaded", dead_letters=len(self.book))
 
-    async def _reached_ends(self, consumer: AIOKafkaConsumer) -> bool:
-        for tp, end in self._ends.items():
-            try:
-                if await consumer.position(tp) < end:
-                    return False
-            except Exception:  # not assigned yet
-                return False
-        return True
+    async def on_loaded(self) -> None:
+        log.info("dead_letters_loaded", dead_letters=len(self.book))
 
 
 def _contracts(topics: TopicNames) -> dict[str, type[Event]]:

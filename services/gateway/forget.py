@@ -38,6 +38,7 @@ from services.gateway.dead_letters import DeadLetterBook, DeadLetterFeed
 from services.gateway.ratelimit import RateLimiter
 from services.logging import get_logger
 from services.observability.traces import Trace, TraceStore
+from services.settings import Settings
 from streams.background import Fetch, TopicFeed
 from streams.codec import InvalidEvent, decode
 from streams.outbox import Outbox
@@ -444,8 +445,10 @@ def forgotten_records(records: Iterable[ConsumerRecord[bytes, bytes]]) -> list[M
 class MemoryUpdatesFeed(TopicFeed):
     """Reads the memory-updates topic from its beginning and hands every ``MemoryForgotten`` to the ``Purger``."""
 
-    def __init__(self, bootstrap: str, topic: str, purger: Purger) -> None:
-        super().__init__(bootstrap, (topic,), client_id="memstream-gateway-forgets", name="forget-feed")
+    def __init__(self, bootstrap: str, topic: str, purger: Purger, settings: Settings | None = None) -> None:
+        super().__init__(
+            bootstrap, (topic,), client_id="memstream-gateway-forgets", name="forget-feed", settings=settings
+        )
         self.purger = purger
 
     async def handle(self, fetched: Fetch) -> None:

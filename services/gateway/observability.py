@@ -188,9 +188,13 @@ def install(app: FastAPI, settings: Settings, bootstrap: str, obs: Observability
     obs = obs or ObservabilitySettings()
     topics = TopicNames.from_settings(settings)
     store = TraceStore(obs.trace_capacity)
-    feed = TraceFeed(bootstrap, topics, store) if obs.traces else None
+    feed = TraceFeed(bootstrap, topics, store, settings) if obs.traces else None
     consumed = [topics.chat, topics.documents, topics.queries]  # what the worker group reads
-    lag = LagSensor(bootstrap, settings.consumer_group, consumed, obs.lag_interval_s) if obs.lag_interval_s else None
+    lag = (
+        LagSensor(bootstrap, settings.consumer_group, consumed, obs.lag_interval_s, settings=settings)
+        if obs.lag_interval_s
+        else None
+    )
     app.state.traces = store
     app.state.trace_feed = feed
     app.state.lag_sensor = lag

@@ -15,6 +15,7 @@ from aiokafka import ConsumerRecord
 from schemas.events import Answer, Query, StageEvent
 from services.observability import metrics
 from services.observability.traces import TraceStore
+from services.settings import Settings
 from streams.background import Fetch, TopicFeed, decode_records
 from streams.topics import TopicNames
 
@@ -25,9 +26,9 @@ _LIVE_MARGIN = timedelta(seconds=5)
 class TraceFeed(TopicFeed):
     """Consumes queries, stage events and answers into ``store`` until stopped."""
 
-    def __init__(self, bootstrap: str, topics: TopicNames, store: TraceStore) -> None:
+    def __init__(self, bootstrap: str, topics: TopicNames, store: TraceStore, settings: Settings | None = None) -> None:
         names = (topics.queries, topics.stages, topics.answers)
-        super().__init__(bootstrap, names, client_id="memstream-gateway-traces", name="trace-feed")
+        super().__init__(bootstrap, names, client_id="memstream-gateway-traces", name="trace-feed", settings=settings)
         self.topics = topics
         self.store = store
         self.started_at = datetime.now(UTC)

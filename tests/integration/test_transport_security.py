@@ -290,3 +290,44 @@ async def test_remote_store_and_gateway_style_producer_end_to_end(settings: Sett
         await store.delete_user(user)
     finally:
         await store.close()
+
+
+def test_the_gateway_publishes_and_reads_back_on_the_secured_broker(settings: Settings) -> None:
+    """The gateway itself, configured only by settings: its producer and its topic feeds authenticate, so a
+    message is accepted (202: the broker acknowledged it) and an answer record put on the topic is served."""
+    from fastapi.testclient import TestClient
+
+    from schemas.events import Answer, AnswerStatus
+    from services.gateway.app import create_app
+    from services.gateway.client import bearer
+    from streams.codec import encode
+    from tests.conftest import api_key
+
+    assert settings.broker
+    topics = TopicNames.from_settings(settings)
+    key = api_key(settings)
+    answer = Answer(
+        event_id="ans_q1",
+        user_id="sec-gateway",
+        event_time=datetime(2024, 5, 1, tzinfo=UTC),
+        query_id="q1",
+        trace_id="tr_q1",
+        question="?",
+        answer="yes",
+        status=AnswerStatus.ANSWERED,
+    )
+
+    async def put_answer() -> None:
+        producer = await start_producer(settings.broker or "", **kafka_client_options(settings))
+        try:
+            await producer.send_and_wait(topics.answers, encode(answer), key=b"sec-gateway")
+        finally:
+            await producer.stop()
+
+    with TestClient(create_app(settings), headers=bearer(key)) as client:
+        message = {"user_id": "sec-gateway", "speaker": "Ana", "text": "I moved to Porto.", "event_id": "m1"}
+        accepted = client.post("/v1/messages", json=[message])
+        assert accepted.status_code == 202, accepted.text
+        asyncio.run(put_answer())
+        served = client.get("/v1/answers/q1", params={"wait": 30})
+        assert served.status_code == 200 and served.json()["answer"] == "yes"

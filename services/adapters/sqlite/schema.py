@@ -24,6 +24,8 @@ def connect(path: Path) -> apsw.Connection:
     conn.execute("PRAGMA journal_mode=WAL").fetchall()
     # WAL + NORMAL never corrupts; a power cut may lose the last commits, which the event replay restores
     conn.execute("PRAGMA synchronous=NORMAL")
+    # what a forget deletes is overwritten on disk, not left readable in free pages
+    conn.execute("PRAGMA secure_delete=ON")
     return conn
 
 
