@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOLS_SCRIPT = ROOT / "scripts" / "stack.d" / "tools.sh"
 CRD_SCRIPT = ROOT / "scripts" / "stack.d" / "validate-crds.mjs"
 OVERLAYS = ("dev", "prod")
-CRD_KINDS = ("ScaledObject", "ServiceMonitor")
+CRD_KINDS = ("ScaledObject", "ServiceMonitor", "TriggerAuthentication")
 # The stores' addresses: not Settings fields yet (their adapters add them); scripts/stack exports the same names.
 STACK_ADDRESSES = {"MEMSTREAM_DGRAPH", "MEMSTREAM_WEAVIATE_HTTP", "MEMSTREAM_WEAVIATE_GRPC"}
 POD_OWNERS = ("Deployment", "StatefulSet")
@@ -327,7 +327,23 @@ def test_credentials_come_from_secrets(manifests: dict[str, list[Manifest]], ove
     assert "--acl=" in alpha["args"][0] and "token=${DGRAPH_ADMIN_TOKEN}" in alpha["args"][0]
     alpha_env = {e["name"]: e for e in alpha["env"]}
     assert alpha_env["DGRAPH_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "memstream_dgraph_token"
-    assert config_map(docs, "memstream-config")["data"]["MEMSTREAM_DGRAPH_USER"] == "groot"
+    config = config_map(docs, "memstream-config")["data"]
+    assert config["MEMSTREAM_DGRAPH_USER"] == "groot"
+    # Kafka: SCRAM for clients and brokers, the user's password from the same Secret the clients read
+    assert config["MEMSTREAM_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT"
+    assert config["MEMSTREAM_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-256"
+    assert "memstream_kafka_password" in credentials["data"]
+    kafka = container_of(docs, "StatefulSet", "kafka")
+    kafka_env = {e["name"]: e.get("value") for e in kafka["env"]}
+    assert kafka_env["KAFKA_LISTENERS"].startswith("SASL_PLAINTEXT://")
+    assert kafka_env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "SASL_PLAINTEXT"
+    assert config["MEMSTREAM_KAFKA_USERNAME"] == kafka_env["KAFKA_SCRAM_USER"]
+    assert "--add-scram" in kafka["args"][0] and "memstream_kafka_password" in kafka["args"][0]
+    if overlay == "prod":  # KEDA reads the lags as that user too
+        triggers = find(docs, "ScaledObject", "memstream-worker")["spec"]["triggers"]
+        assert {t["authenticationRef"]["name"] for t in triggers} == {"memstream-kafka"}
+        refs = find(docs, "TriggerAuthentication", "memstream-kafka")["spec"]["secretTargetRef"]
+        assert {r["parameter"]: r["key"] for r in refs}["password"] == "memstream_kafka_password"
 
 
 def test_prometheus_scrapes_the_gateway_with_the_metrics_key(manifests: dict[str, list[Manifest]]) -> None:
