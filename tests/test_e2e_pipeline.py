@@ -97,13 +97,15 @@ def records(
 
 
 def memory_updates_for(stack: Stack, topics: TopicNames, event_ids: set[str]) -> list[MemoryUpdate]:
+    def updates(values: list[bytes]) -> list[MemoryUpdate]:
+        # the topic carries MemoryForgotten records too
+        return [MemoryUpdate.model_validate_json(v) for v in values if json.loads(v)["kind"] == "memory_update"]
+
     def covered(values: list[bytes]) -> bool:
-        seen = {e for v in values for e in MemoryUpdate.model_validate_json(v).source_event_ids}
-        return event_ids <= seen
+        return event_ids <= {e for u in updates(values) for e in u.source_event_ids}
 
     values = records(stack, topics.memory_updates, covered)
-    updates = [MemoryUpdate.model_validate_json(v) for v in values]
-    return [u for u in updates if event_ids & set(u.source_event_ids)]
+    return [u for u in updates(values) if event_ids & set(u.source_event_ids)]
 
 
 def run_cli(*args: str) -> Any:
@@ -313,3 +315,54 @@ def test_poison_records_are_dead_lettered_alone_and_offsets_pass_them(stack: Sta
     assert not dead & {f"dana-{n}" for n in range(1, 5)}
     for partition, offset in last.items():  # no stuck lag: the group committed past every record sent
         wait_committed(stack, topics.chat, (partition, offset))
+
+
+def test_forgetting_a_message_erases_it_everywhere_and_it_is_not_memorized_again(
+    stack: Stack, topics: TopicNames
+) -> None:
+    """Through the CLI and the gateway to the worker and back: the locker code said in one message is in memory and
+    in an answer; after `memstream forget USER --message ID --wait`, no answer, search or stat shows it, the cached
+    answer citing it is gone, and the same message delivered again stays forgotten."""
+    said = [
+        ChatMessage(
+            event_id="zoe-1",
+            user_id="zoe",
+            speaker="Zoe",
+            text="My locker code at Zephyrgym is 4711.",
+            event_time=datetime(2024, 6, 1, 9, tzinfo=UTC),
+        ),
+        ChatMessage(
+            event_id="zoe-2",
+            user_id="zoe",
+            speaker="Zoe",
+            text="I row with Ugo on Sundays.",
+            event_time=datetime(2024, 6, 1, 10, tzinfo=UTC),
+        ),
+    ]
+    client = GatewayClient(stack.url)
+    client.post_messages(said)
+    memory_updates_for(stack, topics, {"zoe-1", "zoe-2"})
+    before = client.stats("zoe")
+    asked = client.ask("zoe", "What is my locker code at Zephyrgym?")
+    answer = client.wait_answer(asked, 30)
+    assert "4711" in answer["answer"]
+
+    done = json.loads(
+        run_cli("forget", "zoe", "--message", "zoe-1", "--wait", "60", "--json", "--url", stack.url).stdout
+    )
+    assert done["status"] == "done" and done["vertices_removed"] >= 3
+    # the answer that quoted it is gone from the gateway, and a new question finds nothing of it
+    assert client.answer(asked) is None
+    again = client.wait_answer(client.ask("zoe", "What is my locker code at Zephyrgym?"), 30)
+    assert "4711" not in again["answer"] and not any("4711" in e["text"] for e in again["evidence"])
+    after = client.stats("zoe")
+    assert after["events"] == before["events"] - 1 and after["theses_valid"] == before["theses_valid"] - 1
+    # the same message delivered again (a producer's retry, a replayed outbox) is not memorized again
+    marker = ChatMessage(
+        event_id="zoe-3", user_id="zoe", speaker="Zoe", text="I swim.", event_time=datetime(2024, 6, 2, tzinfo=UTC)
+    )
+    asyncio.run(replay_directly(stack.bootstrap, topics.chat, [said[0], marker]))
+    memory_updates_for(stack, topics, {"zoe-3"})  # the worker read past the redelivery
+    assert client.stats("zoe")["events"] == after["events"] + 1
+    final = client.wait_answer(client.ask("zoe", "What is my locker code at Zephyrgym?"), 30)
+    assert "4711" not in final["answer"]
