@@ -351,8 +351,14 @@ def test_forgetting_a_message_erases_it_everywhere_and_it_is_not_memorized_again
         run_cli("forget", "zoe", "--message", "zoe-1", "--wait", "60", "--json", "--url", stack.url).stdout
     )
     assert done["status"] == "done" and done["vertices_removed"] >= 3
-    # the answer that quoted it is gone from the gateway, and a new question finds nothing of it
+    # the answer that quoted it is gone from the gateway, the graph around its evidence is empty, and a new
+    # question finds nothing of it
     assert client.answer(asked) is None
+    evidence = [e["id"] for e in answer["evidence"]]
+    quoting = {e["id"] for e in answer["evidence"] if "4711" in e["text"]}
+    graph = client._check(client._request("GET", "/v1/graph/zoe/neighbourhood", params={"ids": ",".join(evidence)}))
+    assert quoting and not quoting & set(graph["found"])
+    assert not any("4711" in json.dumps(n) for n in [*graph["nodes"], *graph["edges"]])
     again = client.wait_answer(client.ask("zoe", "What is my locker code at Zephyrgym?"), 30)
     assert "4711" not in again["answer"] and not any("4711" in e["text"] for e in again["evidence"])
     after = client.stats("zoe")
