@@ -116,6 +116,10 @@ class MemoryForgotten(Event):
     vertices_removed: int = 0
     edges_removed: int = 0
     theses_restored: int = Field(default=0, description="Theses a removed thesis had invalidated: valid again.")
+    theses_rewritten: int = Field(
+        default=0,
+        description="Facts written again in a remaining source's own words (a forgotten one had worded them).",
+    )
     cache_entries_removed: int = 0
     committed_at: Timestamp = Field(default_factory=utcnow)
 

@@ -67,7 +67,7 @@ async def build_services(settings: Settings, llm: LLM | None = None) -> Services
     memorize = MemorizeService(store, llm, embedder, settings)
     if not isinstance(store, ForgetStore):
         raise TypeError(f"{type(store).__name__} cannot forget: it must implement ForgetStore")
-    forget = ForgetService(store, store, cache)
+    forget = ForgetService(store, store, cache, embedder)
     engine: QAEngine
     if settings.qa_engine == "planning":
         engine = PlanningQA(

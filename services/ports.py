@@ -149,10 +149,11 @@ class ForgetStore(ABC):
         """The outcome an applied forget kept (``Erasure.outcome``); None if it was never applied."""
 
     @abstractmethod
-    async def erase(self, erasure: Erasure) -> None:
-        """Apply ``erasure``. Embedded: one transaction. Remote: vectors first, then one graph transaction that
-        also records the forgotten events and the outcome, so a crash in between is repaired by the replay of the
-        tombstone (which computes the same erasure from the untouched graph)."""
+    async def erase(self, erasure: Erasure, vectors: Sequence[VectorItem] = ()) -> None:
+        """Apply ``erasure`` and index ``vectors`` (of what it writes anew). Embedded: one transaction. Remote:
+        vectors first, then one graph transaction that also records the forgotten events and the outcome, so a
+        crash in between is repaired by the replay of the tombstone (which computes the same erasure from the
+        untouched graph)."""
 
 
 class CacheScope(BaseModel):

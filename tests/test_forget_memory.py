@@ -162,7 +162,7 @@ async def open_memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: 
         cached = CachedLLM(llm, store)
         settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
         return Memory(
-            store, llm, MemorizeService(store, cached, embedder, settings), ForgetService(store, store, store)
+            store, llm, MemorizeService(store, cached, embedder, settings), ForgetService(store, store, store, embedder)
         )
 
     yield make
@@ -211,6 +211,24 @@ async def test_what_another_source_supports_stays_with_its_times(open_memory: An
     after = await full.snapshot()
     never = await open_memory("never")
     await never.said(CHATS[2:])
+    assert after == await never.snapshot()
+
+
+async def test_a_near_duplicate_keeps_its_own_words_when_the_first_wording_is_forgotten(open_memory: Any) -> None:
+    """The second message says the first's fact again in other words (cosine >= duplicate_min_similarity): memorize
+    made it a source of the first's thesis. Forgetting the first writes the second's own fact, as if alone."""
+    first, second = chat(1, "I met Maria at qz0k0w."), chat(2, "I met Maria at qz0k1w.")
+    full = await open_memory("full")
+    await full.said([first, second])
+    assert len(await full.store.valid_theses("ada")) == 1  # one thesis, two sources
+    outcome = await full.forget.forget(tombstone(ForgetScope.MESSAGE, first.event_id), "chat")
+    assert outcome.theses_rewritten == 1
+    [thesis] = await full.store.valid_theses("ada")
+    assert "qz0k1w" in thesis.name and "qz0k0w" not in thesis.name
+    assert await full.store.search("ada", [], None, "qz0k0w", k=10) == []
+    after = await full.snapshot()
+    never = await open_memory("never")
+    await never.said([second])
     assert after == await never.snapshot()
 
 

@@ -59,7 +59,7 @@ SEARCH_MODES = ("dense", "lexical", "hybrid")
 REMOTE_PREFIX = "MemstreamIsolation"
 # one sentence per message number, far apart in meaning (cosine of their theses <= 0.74 with MiniLM, whatever the
 # names): a user's two messages are never one fact by ``duplicate_min_similarity`` (0.9), so forgetting one of them
-# must take its marker away (see the xfail test at the end for near-duplicates)
+# must take its marker away (the test at the end covers near-duplicates)
 TEMPLATES = (
     "I met {name} at {marker}.",
     "I borrowed a red bicycle from {name}, lock code {marker}.",
@@ -153,7 +153,7 @@ class Memory:
         settings_ = Settings(_env_file=None, data_dir=data_dir)
         llm = CachedLLM(ScriptedLLM(dict(MEMORIZE_RULES), model="scripted-rules"), store)
         self.memorize = MemorizeService(store, llm, embedder, settings_)
-        self.forget = ForgetService(store, store, store)
+        self.forget = ForgetService(store, store, store, embedder)
         self.clock = 0
         self.tombstones = 0
 
@@ -375,11 +375,6 @@ def test_no_retriever_returns_another_users_or_forgotten_memory(backend: str, em
         assert counts[f"items from {name}"] > 0, counts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a near-duplicate (cosine >= duplicate_min_similarity) becomes a source of the first message's thesis; "
-    "forgetting the first message keeps that thesis, worded as the forgotten message",
-)
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("remote", marks=pytest.mark.server)])
 async def test_forgetting_the_first_of_two_near_duplicates_takes_its_words_away(
     backend: str, embedder: MiniLMEmbedder, tmp_path: Path

@@ -233,13 +233,14 @@ class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache, ForgetStore
     async def forget_outcome(self, user_id: str, forget_id: str) -> str | None:
         return await self.graph.forget_outcome(user_id, forget_id)
 
-    async def erase(self, erasure: Erasure) -> None:
+    async def erase(self, erasure: Erasure, vectors: Sequence[VectorItem] = ()) -> None:
         started = time.perf_counter()
         try:
             if erasure.whole_user:
                 await self.vectors.delete_user(erasure.user_id)
             else:
                 await self.vectors.delete(erasure.user_id, erasure.delete_vectors)
+                await self.vectors.upsert(erasure.user_id, vectors)
             await self.graph.erase(erasure)
         finally:
             STORE_WRITE_LATENCY.labels(store="remote").observe(time.perf_counter() - started)

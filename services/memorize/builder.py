@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
+from typing import Any
 
 from services import ids
 from services.domain import (
@@ -17,6 +20,7 @@ from services.domain import (
     VertexKind,
 )
 from services.memorize.extraction import Fact, ItemFacts
+from services.memorize.when import When
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,36 @@ class Source:
 class KnownRef:
     id: str
     t_valid: datetime | None
+
+
+MERGED = "merged"  # episode prop: the facts of this source that repeat a known thesis (JSON), see ``merged_facts``
+
+
+def fact_record(fact: Fact) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        k: getattr(fact, k) for k in ("subject", "text", "relation", "object", "kind", "temporal")
+    }
+    if fact.when is not None:
+        record["when"] = {
+            "start": fact.when.start.isoformat(),
+            "end": fact.when.end.isoformat(),
+            "text": fact.when.text,
+        }
+    return record
+
+
+def fact_of(record: Mapping[str, Any]) -> Fact:
+    raw = record.get("when")
+    when = None if not raw else When(date.fromisoformat(raw["start"]), date.fromisoformat(raw["end"]), raw["text"])
+    return Fact(**{k: str(record[k]) for k in ("subject", "text", "relation", "object", "kind", "temporal")}, when=when)
+
+
+def merged_facts(episode: Vertex) -> dict[str, list[Fact]]:
+    """Per known thesis id, the facts of this episode that were merged into it (its own wording of them)."""
+    found: dict[str, list[Fact]] = {}
+    for entry in json.loads(episode.props.get(MERGED, "[]")):
+        found.setdefault(str(entry["thesis"]), []).append(fact_of(entry["fact"]))
+    return found
 
 
 def thesis_text(fact: Fact) -> str:
@@ -94,13 +128,23 @@ class ChangeSetBuilder:
         instead of a second, reworded copy being written."""
         latest = self.cs.event_time
         self.cs.event_time = src.event_time if latest is None else max(latest, src.event_time)
+        props = dict(src.props)
+        merged = [
+            {"thesis": known, "fact": fact_record(found.facts[n])}
+            for n, known in sorted((same_as or {}).items())
+            if found is not None and n < len(found.facts)
+        ]
+        if merged:
+            # its own wording of what it repeats: if the thesis's first source is forgotten, this one's fact is
+            # written as its own (services/memorize/forget.py), as if the first had never been said
+            props[MERGED] = json.dumps(merged, sort_keys=True, ensure_ascii=False)
         episode = self._vertex(
             Vertex(
                 id=ids.episode_id(self.user_id, src.event_id, src.chunk),
                 user_id=self.user_id,
                 kind=VertexKind.EPISODIC,
                 name=src.text,
-                props=src.props,
+                props=props,
                 t_created=src.ingest_time,
                 t_valid=src.event_time,
             )

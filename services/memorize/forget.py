@@ -16,13 +16,17 @@ a tombstone applied before announces what it announced then.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from datetime import datetime
 
 from schemas.events import Forget, ForgetScope, MemoryForgotten
 from services import ids, metrics
-from services.domain import Edge, EdgeKind, Erasure, Triplet, Vertex, VertexKind
+from services.domain import ChangeSet, Edge, EdgeKind, Erasure, Triplet, Vertex, VertexKind
 from services.logging import get_logger
-from services.ports import ForgetStore, GraphStore, KeyValueCache
+from services.memorize.builder import MERGED, ChangeSetBuilder, Source, merged_facts
+from services.memorize.extraction import Fact, ItemFacts
+from services.ports import Embedder, ForgetStore, GraphStore, KeyValueCache, VectorItem
 
 log = get_logger(__name__)
 
@@ -40,7 +44,11 @@ def forget_mark(tombstone: Forget, source_topic: str) -> str:
 
 def _first(episodes: Iterable[Vertex]) -> Vertex:
     """The source memorize met first: the earliest received (ties: the id)."""
-    return min(episodes, key=lambda e: (e.t_created is None, e.t_created, e.id))
+    return min(episodes, key=_sort_key)
+
+
+def _sort_key(episode: Vertex) -> tuple[bool, datetime | None, str]:
+    return (episode.t_created is None, episode.t_created, episode.id)
 
 
 def _stated_relation(user_id: str, thesis: Vertex) -> str | None:
@@ -67,6 +75,9 @@ class _Plan:
         self.puts: dict[str, Vertex] = {}
         self.edge_puts: dict[str, Edge] = {}
         self.restored = 0
+        #: per remaining episode, the facts it had merged into a thesis that goes: written as its own again
+        self.reworded: dict[str, tuple[Vertex, list[Fact]]] = {}
+        self.vectors: list[VectorItem] = []
 
     def current(self, vertex: Vertex) -> Vertex:
         return self.puts.get(vertex.id, vertex)
@@ -87,6 +98,16 @@ class _Plan:
         first = _first(remaining)
         if vertex.kind is VertexKind.THESIS:
             if vertex.props.get("event_id") in self.events:
+                merged = {e.id: merged_facts(e).get(vertex.id, []) for e in remaining}
+                if all(merged.values()):
+                    # every remaining source only repeated it in other words: the forgotten wording goes, and each
+                    # source's own fact is written as it would have been had the first never been said
+                    self.delete_vertices.add(vertex.id)
+                    for episode in remaining:
+                        _, facts = self.reworded.setdefault(episode.id, (episode, []))
+                        facts.extend(merged[episode.id])
+                    return
+                first = _first(e for e in remaining if not merged[e.id])  # one that stated it in these words
                 props = {**vertex.props, "event_id": first.props.get("event_id", "")}
                 self.puts[vertex.id] = vertex.model_copy(
                     update={"props": props, "t_valid": first.t_valid, "t_created": first.t_created}
@@ -130,6 +151,60 @@ class _Plan:
             props = {**edge.props, "event_id": source.props.get("event_id", "")}
             self.edge_puts[edge.id] = edge.model_copy(update={"props": props, "t_valid": source.t_valid})
 
+    def rewritten(self) -> ChangeSet:
+        """The reworded sources' facts as memorize would write them (``ChangeSetBuilder``), oldest source first;
+        each episode loses the merge records of the theses that go."""
+        builder = ChangeSetBuilder(self.user_id, "rederived", [])
+        for episode, facts in sorted(self.reworded.values(), key=lambda item: _sort_key(item[0])):
+            records = json.loads(episode.props.get(MERGED, "[]"))
+            kept = [r for r in records if r["thesis"] not in self.delete_vertices]
+            props = {k: v for k, v in episode.props.items() if k != MERGED}
+            if kept:
+                props[MERGED] = json.dumps(kept, sort_keys=True, ensure_ascii=False)
+            assert episode.t_valid is not None and episode.t_created is not None
+            source = Source(
+                props.get("event_id", ""),
+                int(props.get("chunk", "0")),
+                episode.name,
+                episode.t_valid,
+                episode.t_created,
+                props,
+            )
+            builder.add(source, ItemFacts(facts=facts))
+        return builder.build(0)
+
+    async def apply_rewritten(self, graph: GraphStore, embedder: Embedder) -> None:
+        """Fold the rewritten facts into the erasure: what exists and stays is left as it is, what was going to be
+        removed comes back as written anew (its index entry, the same text, stays), what is new is written and
+        indexed."""
+        if not self.reworded:
+            return
+        written = self.rewritten()
+        existing = await graph.get_vertices(self.user_id, [v.id for v in written.vertices])
+        existing_edges = await graph.get_triplets(self.user_id, [e.id for e in written.edges])
+        names = {v.id: v.name for v in existing.values()} | {v.id: v.name for v in written.vertices}
+        new: list[tuple[str, str, str]] = []
+        for vertex in written.vertices:
+            if vertex.kind is VertexKind.EPISODIC:
+                self.puts[vertex.id] = vertex  # the same episode, without the merge records of what went
+            elif vertex.id in self.delete_vertices or vertex.id not in existing:
+                self.delete_vertices.discard(vertex.id)
+                self.puts[vertex.id] = vertex
+                if vertex.id not in existing:
+                    new.append((vertex.id, vertex.kind.value, vertex.name[:2000]))
+        for edge in written.edges:
+            if edge.id in self.delete_edges or edge.id not in existing_edges:
+                self.delete_edges.discard(edge.id)
+                self.delete_relations.discard(edge.id)
+                self.edge_puts[edge.id] = edge
+                if edge.kind is EdgeKind.RELATION and edge.id not in existing_edges:
+                    new.append((edge.id, "triplet", f"{names[edge.source]} {edge.relation} {names[edge.target]}"))
+        if new:
+            embedded = await embedder.embed([text for _, _, text in new])
+            self.vectors = [
+                VectorItem(id=i, kind=k, text=t, vector=list(v)) for (i, k, t), v in zip(new, embedded, strict=True)
+            ]
+
     def restore(self, invalidated: list[Vertex]) -> None:
         for thesis in invalidated:
             if thesis.id in self.delete_vertices:
@@ -141,10 +216,12 @@ class _Plan:
 
 
 class ForgetService:
-    def __init__(self, graph: GraphStore, store: ForgetStore, cache: KeyValueCache | None) -> None:
+    def __init__(self, graph: GraphStore, store: ForgetStore, cache: KeyValueCache | None, embedder: Embedder) -> None:
+        """``embedder``: for facts written again in a remaining source's own words (``_Plan.apply_rewritten``)."""
         self.graph = graph
         self.store = store
         self.cache = cache
+        self.embedder = embedder
 
     async def forget(self, tombstone: Forget, source_topic: str) -> MemoryForgotten:
         user = tombstone.user_id
@@ -186,10 +263,11 @@ class ForgetService:
             vertices_removed=len(erasure.delete_vertices),
             edges_removed=len(erasure.delete_edges),
             theses_restored=0 if plan is None else plan.restored,
+            theses_rewritten=0 if plan is None else sum(len(facts) for _, facts in plan.reworded.values()),
             cache_entries_removed=cached,
         )
         erasure.outcome = outcome.model_dump_json()
-        await self.store.erase(erasure)
+        await self.store.erase(erasure, [] if plan is None else plan.vectors)
         metrics.FORGETS.labels(tombstone.scope.value, "applied").inc()
         metrics.FORGOTTEN.labels("vertices").inc(outcome.vertices_removed)
         metrics.FORGOTTEN.labels("edges").inc(outcome.edges_removed)
@@ -221,13 +299,16 @@ class ForgetService:
         links = await self.graph.neighbors(user, list(plan.episodes), [EdgeKind.EPISODIC])
         plan.delete_edges.update(t.edge.id for t in links)
         linked = {t.start.id: t.start for t in links if t.start.id not in plan.episodes}
-        sources = plan.sources(await self.graph.neighbors(user, list(linked), [EdgeKind.EPISODIC]))
+        episodic = await self.graph.neighbors(user, list(linked), [EdgeKind.EPISODIC])
+        sources = plan.sources(episodic)
         for vertex_id in sorted(linked):
             plan.drop_or_rederive(linked[vertex_id], sources.get(vertex_id, []))
         around = await self.graph.neighbors(user, sorted(linked), [EdgeKind.THESIS, EdgeKind.RELATION])
-        plan.edges(around)
+        # a thesis reworded goes though it keeps sources: its episodic edges to them go with it
+        plan.edges([*around, *episodic])
         removed_theses = [
             v for v in sorted(plan.delete_vertices) if v in linked and linked[v].kind is VertexKind.THESIS
         ]
         plan.restore(await self.store.invalidated_by(user, removed_theses))
+        await plan.apply_rewritten(self.graph, self.embedder)
         return plan

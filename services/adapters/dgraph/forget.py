@@ -70,25 +70,31 @@ def erase_upsert(erasure: Erasure) -> Upsert:
         if erasure.delete_edges:
             up.blocks.append(f"de as var(func: eq(edge.id, {p.many(erasure.delete_edges)})) @filter(eq(edge.user, $u))")
             up.mutations.append(Mutation(cond=once, deletes=[_delete_all("de")]))
-        for n, vertex in enumerate(erasure.put_vertices):
-            var = f"pv{n}"
-            up.blocks.append(f"{var} as var(func: eq(vertex.id, {p.add(vertex.id)})) @filter(eq(vertex.user, $u))")
+        # one variable per vertex put or at an end of an edge put: ``uid(nK)`` names the same node in every
+        # mutation of the request, existing or created by it (a fact written anew in its source's own words)
+        node: dict[str, str] = {}
+        for vid in [
+            *(v.id for v in erasure.put_vertices),
+            *(x for e in erasure.put_edges for x in (e.source, e.target)),
+        ]:
+            if vid not in node:
+                node[vid] = f"n{len(node)}"
+                up.blocks.append(f"{node[vid]} as var(func: eq(vertex.id, {p.add(vid)})) @filter(eq(vertex.user, $u))")
+        star = api.Value(default_val=STAR)
+        for vertex in erasure.put_vertices:
+            var = node[vertex.id]
             values = vertex_values(vertex)
-            star = api.Value(default_val=STAR)
             cleared = [
                 api.NQuad(subject=f"uid({var})", predicate=name, object_value=star)
                 for name in _NULLABLE
                 if name not in values
             ]
-            up.mutations.append(
-                Mutation(nquads(f"uid({var})", values), f"@if(eq(len(done), 0) AND gt(len({var}), 0))", cleared)
-            )
+            up.mutations.append(Mutation(nquads(f"uid({var})", values), once, cleared))
         for n, edge in enumerate(erasure.put_edges):
             var = f"pe{n}"
             up.blocks.append(f"{var} as var(func: eq(edge.id, {p.add(edge.id)})) @filter(eq(edge.user, $u))")
-            up.mutations.append(
-                Mutation(nquads(f"uid({var})", edge_values(edge)), f"@if(eq(len(done), 0) AND gt(len({var}), 0))")
-            )
+            ends = {"edge.source": f"uid({node[edge.source]})", "edge.target": f"uid({node[edge.target]})"}
+            up.mutations.append(Mutation(nquads(f"uid({var})", edge_values(edge), ends), once))
         for n, event_id in enumerate(erasure.event_ids):
             var = f"ev{n}"
             up.blocks.append(f"{var} as var(func: eq(event.id, {p.add(event_id)})) @filter(eq(event.user, $u))")

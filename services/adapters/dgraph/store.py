@@ -23,7 +23,7 @@ from pydgraph import AsyncDgraphClient, AsyncDgraphClientStub
 from services.backends import RetryPolicy
 from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Erasure, Stats, Triplet, Vertex, VertexKind
 from services.logging import get_logger
-from services.ports import AnnouncementLog, CacheScope, ForgetStore, GraphStore, KeyValueCache
+from services.ports import AnnouncementLog, CacheScope, GraphStore, KeyValueCache
 
 from . import forget, queries
 from .codec import is_vertex, read_edge, read_vertex
@@ -82,7 +82,7 @@ def schema_text() -> str:
     return resources.files("schemas").joinpath("dgraph.dql").read_text(encoding="utf-8")
 
 
-class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache, ForgetStore):
+class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
     def __init__(
         self,
         address: str,
@@ -362,7 +362,7 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache, ForgetStore):
         up = forget.kv_forget_upsert(user_id, None if event_ids is None else list(dict.fromkeys(event_ids)))
         return _count(await self._upsert("kv_forget", up), "removed")
 
-    # -- ForgetStore -------------------------------------------------------------------------------------------
+    # -- the graph's part of forgetting (``RemoteMemoryStore`` is the ForgetStore) -----------------------------
 
     async def episodes(self, user_id: str, match: Mapping[str, str] | None) -> list[Vertex]:
         params, query = forget.episodes_query(user_id)

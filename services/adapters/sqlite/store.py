@@ -242,9 +242,9 @@ class SqliteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache, ForgetStore
     async def forget_outcome(self, user_id: str, forget_id: str) -> str | None:
         return await self._read("forget_outcome", read.forget_outcome, user_id, forget_id)
 
-    async def erase(self, erasure: Erasure) -> None:
+    async def erase(self, erasure: Erasure, vectors: Sequence[VectorItem] = ()) -> None:
         started = time.perf_counter()
-        await self._run(self._writer, erase, erasure)
+        await self._run(self._writer, erase, erasure, list(vectors), self.dim)
         STORE_WRITE_LATENCY.labels(store="sqlite").observe(time.perf_counter() - started)
 
     # -- tests and tooling ---------------------------------------------------------------------------------------

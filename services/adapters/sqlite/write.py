@@ -32,6 +32,26 @@ _INVALIDATE = (
 )
 
 
+def _index(conn: apsw.Connection, user: str, vectors: Sequence[VectorItem], dim: int) -> None:
+    """Index texts not indexed yet: their row, vector and FTS5 terms (one indexed before stays as it was)."""
+    key = user_key(user)
+    for item in vectors:
+        conn.execute(
+            "INSERT OR IGNORE INTO items (user_id, user_key, id, kind, text) VALUES (?, ?, ?, ?, ?)",
+            (user, key, item.id, item.kind, item.text),
+        )
+        if not conn.changes():
+            continue
+        item_no = conn.last_insert_rowid()
+        conn.execute(
+            "INSERT INTO vectors (rowid, user_id, kind, embedding) VALUES (?, ?, ?, ?)",
+            (item_no, user, item.kind, vector_blob(item.vector, dim)),
+        )
+        conn.execute(
+            "INSERT INTO fts (rowid, text, user_key, kind) VALUES (?, ?, ?, ?)", (item_no, item.text, key, item.kind)
+        )
+
+
 def check_change_set(change_set: ChangeSet, vectors: Sequence[VectorItem], dim: int) -> None:
     """Refuse anything that would write into another user's memory, or a vector of the wrong size."""
     user = change_set.user_id
@@ -48,7 +68,6 @@ def check_change_set(change_set: ChangeSet, vectors: Sequence[VectorItem], dim: 
 
 def _write(conn: apsw.Connection, change_set: ChangeSet, vectors: Sequence[VectorItem], dim: int) -> ApplyResult:
     user = change_set.user_id
-    key = user_key(user)
     result = ApplyResult()
     for vertex in change_set.vertices:
         conn.execute(_INSERT_VERTEX, vertex_row(vertex))
@@ -64,21 +83,7 @@ def _write(conn: apsw.Connection, change_set: ChangeSet, vectors: Sequence[Vecto
             (dt_to_text(inv.t_invalid), dt_to_text(inv.t_expired), inv.invalidated_by, user, inv.thesis_id),
         )
         result.theses_invalidated += conn.changes()
-    for item in vectors:
-        conn.execute(
-            "INSERT OR IGNORE INTO items (user_id, user_key, id, kind, text) VALUES (?, ?, ?, ?, ?)",
-            (user, key, item.id, item.kind, item.text),
-        )
-        if not conn.changes():
-            continue  # indexed before: its vector and text stay as they were
-        item_no = conn.last_insert_rowid()
-        conn.execute(
-            "INSERT INTO vectors (rowid, user_id, kind, embedding) VALUES (?, ?, ?, ?)",
-            (item_no, user, item.kind, vector_blob(item.vector, dim)),
-        )
-        conn.execute(
-            "INSERT INTO fts (rowid, text, user_key, kind) VALUES (?, ?, ?, ?)", (item_no, item.text, key, item.kind)
-        )
+    _index(conn, user, vectors, dim)
     conn.executemany(
         "INSERT OR IGNORE INTO applied_events (user_id, event_id, change_set_id) VALUES (?, ?, ?)",
         [(user, event_id, change_set.id) for event_id in change_set.event_ids],
@@ -167,7 +172,7 @@ def _unindex(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> None:
         conn.execute("DELETE FROM items WHERE item_no = ?", (item_no,))
 
 
-def _erase_user(conn: apsw.Connection, erasure: Erasure) -> None:
+def _erase_user(conn: apsw.Connection, erasure: Erasure, vectors: Sequence[VectorItem], dim: int) -> None:
     user = erasure.user_id
     items = [str(row[0]) for row in conn.execute("SELECT id FROM items WHERE user_id = ?", (user,))]
     _unindex(conn, user, items)
@@ -178,9 +183,10 @@ def _erase_user(conn: apsw.Connection, erasure: Erasure) -> None:
     conn.execute("UPDATE applied_events SET change_set_id = ? WHERE user_id = ?", (erasure.forget_id, user))
 
 
-def _erase_items(conn: apsw.Connection, erasure: Erasure) -> None:
+def _erase_items(conn: apsw.Connection, erasure: Erasure, vectors: Sequence[VectorItem], dim: int) -> None:
     user = erasure.user_id
     _unindex(conn, user, erasure.delete_vectors)
+    _index(conn, user, vectors, dim)
     conn.executemany("DELETE FROM edges WHERE user_id = ? AND id = ?", [(user, i) for i in erasure.delete_edges])
     conn.executemany("DELETE FROM vertices WHERE user_id = ? AND id = ?", [(user, i) for i in erasure.delete_vertices])
     put = _INSERT_VERTEX.replace("INSERT OR IGNORE", "INSERT OR REPLACE")
@@ -200,8 +206,11 @@ def _erase_items(conn: apsw.Connection, erasure: Erasure) -> None:
     )
 
 
-def erase(conn: apsw.Connection, erasure: Erasure) -> None:
+def erase(conn: apsw.Connection, erasure: Erasure, vectors: Sequence[VectorItem], dim: int) -> None:
     """Apply a forget in one IMMEDIATE transaction; a forget applied before changes nothing."""
+    for item in vectors:
+        if len(item.vector) != dim:
+            raise ValueError(f"vector {item.id} has {len(item.vector)} dimensions, the store has {dim}")
     for vertex in erasure.put_vertices:
         if vertex.user_id != erasure.user_id:
             raise ValueError(f"vertex {vertex.id} belongs to {vertex.user_id!r}, the forget to {erasure.user_id!r}")
@@ -214,7 +223,7 @@ def erase(conn: apsw.Connection, erasure: Erasure) -> None:
             "SELECT 1 FROM forgets WHERE user_id = ? AND forget_id = ?", (erasure.user_id, erasure.forget_id)
         ).fetchone()
         if done is None:
-            (_erase_user if erasure.whole_user else _erase_items)(conn, erasure)
+            (_erase_user if erasure.whole_user else _erase_items)(conn, erasure, vectors, dim)
             conn.execute(
                 "INSERT INTO forgets (user_id, forget_id, outcome) VALUES (?, ?, ?)",
                 (erasure.user_id, erasure.forget_id, erasure.outcome),
