@@ -409,6 +409,9 @@ def ingest(
     fmt: Annotated[FileFormat, typer.Option("--format", help="file format")] = FileFormat.AUTO,
     sample: Annotated[list[str] | None, typer.Option(help="LoCoMo sample_id to ingest (repeatable)")] = None,
     batch: Annotated[int, typer.Option(min=1, max=1000, help="messages per request")] = 100,
+    ids: Annotated[
+        bool, typer.Option("--ids", help="print each message's event id (what `memstream forget --message` takes)")
+    ] = False,
 ) -> None:
     """Stream a conversation file to the gateway, in batches, with a progress bar."""
     from services.gateway.client import GatewayClient, GatewayError
@@ -430,7 +433,11 @@ def ingest(
                 bar.update(len(chunk))
         except GatewayError as exc:
             raise _fail(str(exc)) from exc
-    typer.echo(f"sent {len(messages)} messages for user {user!r}")
+    conversations = ", ".join(dict.fromkeys(m.conversation_id for m in messages))
+    typer.echo(f"sent {len(messages)} messages for user {user!r} (conversation {conversations})")
+    if ids:
+        for m in messages:
+            typer.echo(f"{m.event_id}\t{m.speaker}: {m.text[:80]}")
 
 
 @app.command()

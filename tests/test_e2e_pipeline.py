@@ -123,9 +123,11 @@ def test_a_conversation_is_memorized_and_a_question_is_answered_from_it(
 ) -> None:
     chat = tmp_path / "chat.jsonl"
     chat.write_text("\n".join(json.dumps(line) for line in CONVERSATION))
-    run_cli("ingest", str(chat), "--user", "alice", "--url", stack.url)
+    sent = run_cli("ingest", str(chat), "--user", "alice", "--ids", "--url", stack.url).stdout
 
     expected = {m.event_id for m in load_conversation(chat, "alice")}
+    # what `memstream forget alice --message ID` and `--conversation chat` would take
+    assert "(conversation chat)" in sent and expected == {line.split("\t")[0] for line in sent.splitlines()[1:]}
     updates = memory_updates_for(stack, topics, expected)
     assert all(u.user_id == "alice" for u in updates)
     assert sum(u.theses_added for u in updates) >= len(CONVERSATION)
