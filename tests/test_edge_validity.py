@@ -10,10 +10,15 @@ are those of tests/test_forget_memory.py.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import apsw
+
 from services import ids
+from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, Edge, EdgeKind, Triplet, Vertex, VertexKind
+from services.gateway.graph import neighbourhood
 from services.memorize.builder import ChangeSetBuilder, KnownRef, Source
 from services.memorize.extraction import Fact, ItemFacts
 from services.retrieval.base import RetrievalRequest
@@ -128,3 +133,42 @@ def test_known_ref_finds_the_other_valid_staters_of_its_edge() -> None:
     other = Vertex(id="t_x", user_id="ada", kind=VertexKind.THESIS, name="x", props={**props, "object": "Bosch"})
     ref = KnownRef.of(theses[0], [*theses, other])
     assert ref.relation == relation("ada", "Siemens") and ref.co_staters == {"t_1"}
+
+
+async def test_the_neighbourhood_shows_what_held_then_and_marks_an_asked_for_ended_edge(open_memory: Any) -> None:
+    memory = await open_memory("graph")
+    await memory.said([SIEMENS, ST_MARYS])
+    ada, siemens = ids.object_id("ada", "Ada"), relation("ada", "Siemens")
+    now = await neighbourhood(memory.store, "ada", [ada], per_vertex=50)
+    then = await neighbourhood(memory.store, "ada", [ada], per_vertex=50, as_of=BETWEEN)
+    assert siemens not in {e.id for e in now.edges} and relation("ada", "St. Mary's") in {e.id for e in now.edges}
+    assert siemens in {e.id for e in then.edges} and relation("ada", "St. Mary's") not in {e.id for e in then.edges}
+    assert all(e.valid for e in now.edges) and all(n.valid for n in now.nodes)
+    asked = await neighbourhood(memory.store, "ada", [siemens], per_vertex=50)
+    assert {e.id: e.valid for e in asked.edges if e.focus} == {siemens: False}
+
+
+async def test_an_older_file_gains_the_edge_columns_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    await (await SqliteMemoryStore.open(path, dim=4)).close()
+    conn = apsw.Connection(str(path))
+    for column in ("t_expired", "t_invalid", "invalidated_by"):  # the edges table as schema "1" first wrote it
+        conn.execute(f"ALTER TABLE edges DROP COLUMN {column}")
+    for vid in ("o_a", "o_b"):
+        conn.execute(
+            "INSERT INTO vertices (id, user_id, kind, name, props) VALUES (?, 'ada', 'object', ?, '{}')", (vid, vid)
+        )
+    conn.execute(
+        "INSERT INTO edges (id, user_id, kind, source, target, relation, props, t_valid) "
+        "VALUES ('r_1', 'ada', 'relation', 'o_a', 'o_b', 'knows', '{}', NULL)"
+    )
+    conn.close()
+    for _ in range(2):  # idempotent: the second open finds the columns there
+        store = await SqliteMemoryStore.open(path, dim=4)
+        try:
+            edge = (await store.get_triplets("ada", ["r_1"]))["r_1"].edge
+        finally:
+            await store.close()
+        assert edge.relation == "knows" and edge.t_invalid is None and edge.valid_at(None)
+    columns = {str(row[1]) for row in apsw.Connection(str(path)).execute("PRAGMA table_info(edges)")}
+    assert {"t_expired", "t_invalid", "invalidated_by"} <= columns
