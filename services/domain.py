@@ -85,6 +85,20 @@ class Edge(BaseModel):
     relation: str
     props: dict[str, str] = Field(default_factory=dict)
     t_valid: datetime | None = None
+    # a relation edge is bi-temporal like the theses that state it: invalidated when the last valid thesis stating
+    # it is (``t_invalid``, world clock; ``t_expired``, ingest clock); thesis and episodic edges are never
+    # invalidated, their thesis's validity governs them
+    t_expired: datetime | None = None
+    t_invalid: datetime | None = None
+    invalidated_by: str | None = None
+
+    def valid_at(self, when: datetime | None) -> bool:
+        """True if this edge held at ``when`` (``None``: now, i.e. not invalidated)."""
+        if when is None:
+            return self.t_invalid is None
+        if self.t_valid is not None and self.t_valid > when:
+            return False
+        return self.t_invalid is None or self.t_invalid > when
 
 
 class Triplet(BaseModel):
@@ -117,6 +131,17 @@ class Invalidation(BaseModel):
     t_expired: datetime
 
 
+class EdgeInvalidation(BaseModel):
+    """A relation edge no valid thesis states any more: it ended when its last stater did (first one wins)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    edge_id: str
+    invalidated_by: str = Field(description="The thesis whose invalidation of the last stater ended it.")
+    t_invalid: datetime
+    t_expired: datetime
+
+
 class ChangeSet(BaseModel):
     """Everything one memorize step writes for one user. Applied atomically (embedded) or idempotently (remote)."""
 
@@ -128,6 +153,7 @@ class ChangeSet(BaseModel):
     vertices: list[Vertex] = Field(default_factory=list)
     edges: list[Edge] = Field(default_factory=list)
     invalidations: list[Invalidation] = Field(default_factory=list)
+    edge_invalidations: list[EdgeInvalidation] = Field(default_factory=list)
     llm_calls: int = 0
     event_time: datetime | None = Field(default=None, description="The latest event time of its events.")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections.abc import Mapping
 
 _WS = re.compile(r"\s+")
 _EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$", re.UNICODE)
@@ -51,6 +52,17 @@ def episode_id(user_id: str, event_id: str, chunk: int = 0) -> str:
 
 def edge_id(user_id: str, kind: str, source: str, relation: str, target: str) -> str:
     return "r_" + digest(user_id, kind, source, normalize_text(relation), target)
+
+
+def stated_relation(user_id: str, props: Mapping[str, str]) -> str | None:
+    """The relation edge id a thesis with these props states (``ChangeSetBuilder.add`` wrote it), if any."""
+    subject, relation, obj = (props.get(k) for k in ("subject", "relation", "object"))
+    if not (subject and relation and obj):
+        return None
+    start, end = object_id(user_id, subject), object_id(user_id, obj)
+    if start == end:
+        return None
+    return edge_id(user_id, "relation", start, relation, end)
 
 
 def change_set_id(user_id: str, event_ids: list[str]) -> str:

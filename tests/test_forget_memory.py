@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from schemas.events import ChatMessage, Document, Forget, ForgetScope, MemoryForgotten
+from services import ids
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import EdgeKind
@@ -116,7 +117,7 @@ async def snapshot(store: Any, user: str) -> Any:
     stats = await store.stats(user)
     return (
         sorted(v.model_dump_json(exclude={"t_created", "t_expired"}) for v in vertices.values()),
-        sorted(e.model_dump_json() for e in edges.values()),
+        sorted(e.model_dump_json(exclude={"t_expired"}) for e in edges.values()),
         sorted(indexed),
         stats.model_dump_json(),
     )
@@ -236,10 +237,14 @@ async def test_forgetting_the_update_makes_the_old_state_true_again(open_memory:
     full = await open_memory("full")
     await full.said([chat(1, "I work at Siemens."), chat(2, "I work at St. Mary's.")])
     assert len(await full.store.valid_theses("ada")) == 1
+    siemens = ids.edge_id("ada", "relation", ids.object_id("ada", "Ada"), "works at", ids.object_id("ada", "Siemens"))
+    assert (await full.store.get_triplets("ada", [siemens]))[siemens].edge.t_invalid is not None
     outcome = await full.forget.forget(tombstone(ForgetScope.MESSAGE, "ada-m2"), "chat")
     assert outcome.theses_restored == 1
     [valid] = await full.store.valid_theses("ada")
     assert "Siemens" in valid.name and valid.t_invalid is None and valid.invalidated_by is None
+    edge = (await full.store.get_triplets("ada", [siemens]))[siemens].edge  # the edge it states holds again
+    assert edge.t_invalid is None and edge.invalidated_by is None and edge.t_expired is None
     after = await full.snapshot()
     never = await open_memory("never")
     await never.said([chat(1, "I work at Siemens.")])

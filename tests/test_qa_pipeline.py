@@ -17,7 +17,7 @@ from schemas.events import AnswerStatus, Query, QueryOptions, StageEvent, StageS
 from services import ids
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
-from services.domain import ChangeSet, Edge, EdgeKind, Invalidation, Triplet, Vertex, VertexKind
+from services.domain import ChangeSet, Edge, EdgeInvalidation, EdgeKind, Invalidation, Triplet, Vertex, VertexKind
 from services.llm.scripted import Responder, ScriptedLLM
 from services.ports import LLMRequest, VectorItem
 from services.qa.matching import EntityMatcher, combinations
@@ -437,6 +437,45 @@ async def test_pipeline_drops_invalid_theses_even_if_a_retriever_returns_them(
     assert "Berlin" in answer.answer
     assert careless.requests and careless.requests[0].as_of is None
     assert "Paris" not in " ".join(last(r) for r in llm.calls_for("clue_answer"))
+
+
+async def test_pipeline_drops_an_ended_relation_edge_even_if_a_retriever_returns_it(
+    moves: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    """ "Alice lives in Paris" as a relation edge, ended when she moved: no reader prompt sees it now."""
+    alice, moved = obj(USER, "Alice"), datetime(2023, 6, 1, tzinfo=UTC)
+    edges = []
+    for city, since in (("Paris", datetime(2019, 1, 1, tzinfo=UTC)), ("Berlin", moved)):
+        o = obj(USER, city)
+        edges.append(
+            Edge(
+                id=ids.edge_id(USER, "relation", alice.id, "lives in", o.id),
+                user_id=USER,
+                kind=EdgeKind.RELATION,
+                source=alice.id,
+                target=o.id,
+                relation="lives in",
+                t_valid=since,
+            )
+        )
+        await moves.apply(ChangeSet(id=f"c_{city}", user_id=USER, event_ids=[f"o_{city}"], vertices=[o]), [])
+    ended = EdgeInvalidation(edge_id=edges[0].id, invalidated_by="t_berlin", t_invalid=moved, t_expired=moved)
+    await moves.apply(
+        ChangeSet(id="c_rel", user_id=USER, event_ids=["rel"], edges=edges, edge_invalidations=[ended]), []
+    )  # fmt: skip
+
+    class Careless(Retriever):
+        name = "careless"
+
+        async def retrieve(self, request: RetrievalRequest) -> list[Triplet]:
+            return await moves.neighbors(request.user_id, request.seeds)
+
+    llm = ScriptedLLM(Reader(["Alice"]).responders())
+    qa = PlanningQA(moves, moves, embedder, llm, {"careless": Careless()}, QAConfig(retriever="careless"))
+    answer = await qa.answer(query("Where does Alice live?"))
+    prompts = " ".join(last(r) for r in llm.calls_for("clue_answer"))
+    assert "Berlin" in answer.answer and "lives in Berlin" in prompts
+    assert "Paris" not in prompts and not any("Paris" in e.text for e in answer.evidence)
 
 
 async def test_episodic_text_only_with_episodic_context(store: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
-from services.domain import ChangeSet, Edge, EdgeKind, Invalidation, Triplet, Vertex, VertexKind
+from services.domain import ChangeSet, Edge, EdgeInvalidation, EdgeKind, Invalidation, Triplet, Vertex, VertexKind
 from services.ids import edge_id, episode_id, object_id, thesis_id
 from services.ports import VectorItem
 from services.retrieval.base import RetrievalRequest, Retriever
@@ -215,6 +215,52 @@ async def test_invalidated_theses_never_returned(store: SqliteMemoryStore, name:
     g = await as_of_graph(store)
     got = await get_retriever(name, store, store).retrieve(request("alice", [g.obj("Alice"), g.obj("Acme")]))
     assert not mentions(got, "Paris")
+
+
+SIEMENS_UNTIL = datetime(2023, 1, 1, tzinfo=UTC)
+
+
+async def anna_graph(store: SqliteMemoryStore) -> Graph:
+    """'Anna works at Siemens' (2020), then 'Anna now works at St. Mary's' (2023): the thesis and the relation
+    edge it stated end, as memorize writes them (ChangeSet.invalidations and .edge_invalidations). Siemens is far
+    more like the query, so a retriever that ignored the edge's end would rank it first."""
+    g = Graph("alice")
+    siemens = datetime(2020, 1, 1, tzinfo=UTC)
+    old = g.thesis("Anna works at Siemens", ["Anna", "Siemens"], 0.9, t_valid=siemens)
+    new = g.thesis("Anna works at St. Mary's", ["Anna", "St. Mary's"], 0.5, t_valid=SIEMENS_UNTIL)
+    old_edge = g.rel("Anna", "works at", "Siemens", 0.95)
+    new_edge = g.rel("Anna", "works at", "St. Mary's", 0.6)
+    g.edges[old_edge] = g.edges[old_edge].model_copy(update={"t_valid": siemens})
+    g.edges[new_edge] = g.edges[new_edge].model_copy(update={"t_valid": SIEMENS_UNTIL})
+    await g.save(store)
+    change = ChangeSet(
+        id="c_moved",
+        user_id="alice",
+        event_ids=["moved"],
+        invalidations=[
+            Invalidation(thesis_id=old, invalidated_by=new, t_invalid=SIEMENS_UNTIL, t_expired=SIEMENS_UNTIL)
+        ],
+        edge_invalidations=[
+            EdgeInvalidation(edge_id=old_edge, invalidated_by=new, t_invalid=SIEMENS_UNTIL, t_expired=SIEMENS_UNTIL)
+        ],
+    )
+    await store.apply(change, [])
+    return g
+
+
+@pytest.mark.parametrize("name", ALL)
+async def test_an_ended_relation_edge_is_never_current_and_seen_in_its_past(
+    store: SqliteMemoryStore, name: str
+) -> None:
+    g = await anna_graph(store)
+    retriever = get_retriever(name, store, store)
+    seeds = [g.obj("Anna")]
+    now = await retriever.retrieve(request("alice", seeds))
+    when = datetime(2021, 6, 1, tzinfo=UTC)
+    then = await retriever.retrieve(request("alice", seeds, as_of=when))
+    assert mentions(now, "St. Mary's") and not mentions(now, "Siemens"), texts(now)
+    assert mentions(then, "Siemens") and not mentions(then, "St. Mary's"), texts(then)
+    assert all(t.edge.valid_at(None) for t in now) and all(t.edge.valid_at(when) for t in then)
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import datetime
 
 from pydantic import BaseModel, Field
 
@@ -24,6 +25,7 @@ class GraphNode(BaseModel):
     kind: str
     name: str
     focus: bool = Field(description="one of the asked-for ids, or an end of an asked-for edge")
+    valid: bool = Field(default=True, description="held at the asked-for time (an asked-for one is shown anyway)")
 
 
 class GraphEdge(BaseModel):
@@ -33,6 +35,7 @@ class GraphEdge(BaseModel):
     target: str
     relation: str
     focus: bool
+    valid: bool = Field(default=True, description="held at the asked-for time (an asked-for one is shown anyway)")
 
 
 class Neighbourhood(BaseModel):
@@ -47,8 +50,14 @@ def split_ids(raw: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(i.strip() for value in raw for i in value.split(",") if i.strip()))
 
 
-async def neighbourhood(store: GraphStore, user_id: str, ids: Sequence[str], per_vertex: int) -> Neighbourhood:
-    """The asked-for vertices and edges (edge ids start with ``r_``), their ends, and one hop around them."""
+async def neighbourhood(
+    store: GraphStore, user_id: str, ids: Sequence[str], per_vertex: int, as_of: datetime | None = None
+) -> Neighbourhood:
+    """The asked-for vertices and edges (edge ids start with ``r_``), their ends, and one hop around them.
+
+    Around them only what held at ``as_of`` (now by default) is shown, as a retriever would see it: an invalidated
+    thesis or relation edge is left out. The asked-for ones and their ends are always shown, marked ``valid``
+    false if they did not hold then."""
     edge_ids = [i for i in ids if i.startswith("r_")]
     vertex_ids = [i for i in ids if not i.startswith("r_")]
     triplets, vertices = await asyncio.gather(
@@ -63,15 +72,18 @@ async def neighbourhood(store: GraphStore, user_id: str, ids: Sequence[str], per
     edges: dict[str, GraphEdge] = {}
 
     def add(t: Triplet, focus: bool) -> None:
+        held = t.edge.valid_at(as_of) and t.start.valid_at(as_of) and t.end.valid_at(as_of)
+        if not (focus or held or (t.start.id in focus_vertices and t.end.id in focus_vertices)):
+            return
         for v in (t.start, t.end):
             if v.user_id == user_id and (v.id in nodes or len(nodes) < MAX_NODES):
-                nodes.setdefault(v.id, _node(v, v.id in focus_vertices))
+                nodes.setdefault(v.id, _node(v, v.id in focus_vertices, as_of))
         if t.edge.user_id == user_id and t.start.id in nodes and t.end.id in nodes:
-            edges.setdefault(t.id, _edge(t, focus))
+            edges.setdefault(t.id, _edge(t, focus, as_of))
 
     for v in focus_vertices.values():
         if v.user_id == user_id:
-            nodes[v.id] = _node(v, True)
+            nodes[v.id] = _node(v, True, as_of)
     for t in triplets.values():
         add(t, True)
     for t in around:
@@ -84,13 +96,21 @@ async def neighbourhood(store: GraphStore, user_id: str, ids: Sequence[str], per
     )
 
 
-def _node(v: Vertex, focus: bool) -> GraphNode:
-    return GraphNode(id=v.id, kind=v.kind.value, name=v.text[:_NAME_CHARS], focus=focus)
+def _node(v: Vertex, focus: bool, as_of: datetime | None) -> GraphNode:
+    return GraphNode(id=v.id, kind=v.kind.value, name=v.text[:_NAME_CHARS], focus=focus, valid=v.valid_at(as_of))
 
 
-def _edge(t: Triplet, focus: bool) -> GraphEdge:
+def _edge(t: Triplet, focus: bool, as_of: datetime | None) -> GraphEdge:
     e = t.edge
-    return GraphEdge(id=e.id, kind=e.kind.value, source=e.source, target=e.target, relation=e.relation, focus=focus)
+    return GraphEdge(
+        id=e.id,
+        kind=e.kind.value,
+        source=e.source,
+        target=e.target,
+        relation=e.relation,
+        focus=focus,
+        valid=e.valid_at(as_of) and t.start.valid_at(as_of) and t.end.valid_at(as_of),
+    )
 
 
 #: a request waits this long for an unreachable store, then gets 503 with Retry-After (a worker waits far longer)

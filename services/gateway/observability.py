@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -169,6 +170,9 @@ def observability_router(
         user_id: str,
         ids: Annotated[list[str], Query(description="vertex or edge ids, repeated or comma-separated")],
         per_vertex: Annotated[int, Query(ge=1, le=50, description="neighbours shown per vertex")] = 8,
+        as_of: Annotated[
+            datetime | None, Query(description="show what held then, as the question asked (default: now)")
+        ] = None,
     ) -> Any:
         """The user's memory graph around some of its vertices or edges (e.g. an answer's evidence)."""
         if (invalid := _check_user(user_id)) is not None:
@@ -178,7 +182,9 @@ def observability_router(
         if len(wanted) > MAX_IDS:
             return JSONResponse(status_code=422, content={"detail": f"at most {MAX_IDS} ids"})
         with log_context(user_id=user_id):
-            return await neighbourhood(await graph(), user_id, wanted, per_vertex)
+            if as_of is not None and as_of.tzinfo is None:
+                as_of = as_of.replace(tzinfo=UTC)  # a naive time is UTC, as everywhere in memstream
+            return await neighbourhood(await graph(), user_id, wanted, per_vertex, as_of)
 
     return router
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
@@ -12,6 +12,7 @@ from services import ids
 from services.domain import (
     ChangeSet,
     Edge,
+    EdgeInvalidation,
     EdgeKind,
     EpisodeLabel,
     Invalidation,
@@ -37,8 +38,27 @@ class Source:
 
 @dataclass(frozen=True)
 class KnownRef:
+    """A known (stored, valid) thesis a new fact may replace."""
+
     id: str
     t_valid: datetime | None
+    #: the relation edge it states (``ids.stated_relation``), if any
+    relation: str | None = None
+    #: the other valid theses the store knows to state that edge too: while one stays valid, so does the edge
+    co_staters: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, thesis: Vertex, known: Iterable[Vertex] = ()) -> KnownRef:
+        relation = ids.stated_relation(thesis.user_id, thesis.props)
+        others = frozenset(
+            v.id
+            for v in known
+            if relation is not None
+            and v.id != thesis.id
+            and v.t_invalid is None
+            and ids.stated_relation(v.user_id, v.props) == relation
+        )
+        return cls(thesis.id, thesis.t_valid, relation, others)
 
 
 MERGED = "merged"  # episode prop: the facts of this source that repeat a known thesis (JSON), see ``merged_facts``
@@ -84,6 +104,10 @@ class ChangeSetBuilder:
         self._vertices: dict[str, Vertex] = {}
         self._edges: dict[str, Edge] = {}
         self._invalidated: dict[str, Invalidation] = {}
+        #: per relation edge this change set writes, the new theses stating it
+        self._stated: dict[str, list[str]] = {}
+        #: the known theses invalidated, with the relation edge each stated
+        self._replaced: dict[str, KnownRef] = {}
 
     @property
     def user_id(self) -> str:
@@ -92,7 +116,7 @@ class ChangeSetBuilder:
     def _vertex(self, vertex: Vertex) -> Vertex:
         return self._vertices.setdefault(vertex.id, vertex)
 
-    def _edge(self, kind: EdgeKind, source: str, relation: str, target: str, src: Source) -> None:
+    def _edge(self, kind: EdgeKind, source: str, relation: str, target: str, src: Source) -> str:
         edge_id = ids.edge_id(self.user_id, kind.value, source, relation, target)
         self._edges.setdefault(
             edge_id,
@@ -107,6 +131,7 @@ class ChangeSetBuilder:
                 t_valid=src.event_time,
             ),
         )
+        return edge_id
 
     def _object(self, name: str, src: Source) -> Vertex:
         name = " ".join(name.split())
@@ -170,7 +195,10 @@ class ChangeSetBuilder:
                 self._edge(EdgeKind.THESIS, obj.id, EdgeKind.THESIS.value, thesis.id, src)
             if fact.object and fact.relation and entities[0].id != entities[-1].id:
                 relation = " ".join(fact.relation.lower().split())
-                self._edge(EdgeKind.RELATION, entities[0].id, relation, entities[-1].id, src)
+                edge_id = self._edge(EdgeKind.RELATION, entities[0].id, relation, entities[-1].id, src)
+                stated = self._stated.setdefault(edge_id, [])
+                if thesis.id not in stated:
+                    stated.append(thesis.id)
         for vertex_id in sorted(touched):
             self._edge(EdgeKind.EPISODIC, vertex_id, EdgeKind.EPISODIC.value, episode.id, src)
         return thesis_ids
@@ -218,8 +246,47 @@ class ChangeSetBuilder:
             old.id,
             Invalidation(thesis_id=old.id, invalidated_by=new.id, t_invalid=new.t_valid, t_expired=src.ingest_time),
         )
+        self._replaced.setdefault(old.id, old)
+
+    def _still_stated(self, edge_id: str, known: frozenset[str] = frozenset()) -> bool:
+        """Some thesis stating ``edge_id`` stays valid after this change set: a new one not invalidated on
+        arrival, or a known one (``known``) this change set does not invalidate."""
+        staters = [*self._stated.get(edge_id, []), *known]
+        return any(thesis not in self._invalidated for thesis in staters)
+
+    def _edge_validity(self) -> list[EdgeInvalidation]:
+        """Relation edges follow the theses that state them: a new edge whose every new stater is invalidated on
+        arrival (a late, out-of-order fact) is written invalidated like them, and the edge of a known thesis this
+        change set invalidates ends with it unless another valid thesis still states it. Known staters are those
+        the caller gave (``KnownRef.co_staters``, the user's valid theses about the subject)."""
+        for edge_id, staters in self._stated.items():
+            if not self._still_stated(edge_id):
+                inv = self._invalidated[staters[0]]
+                self._edges[edge_id] = self._edges[edge_id].model_copy(
+                    update={
+                        "t_invalid": inv.t_invalid,
+                        "t_expired": inv.t_expired,
+                        "invalidated_by": inv.invalidated_by,
+                    }
+                )
+        ended: dict[str, EdgeInvalidation] = {}
+        for old in self._replaced.values():
+            if old.relation is None or self._still_stated(old.relation, old.co_staters):
+                continue
+            inv = self._invalidated[old.id]
+            ended.setdefault(
+                old.relation,
+                EdgeInvalidation(
+                    edge_id=old.relation,
+                    invalidated_by=inv.invalidated_by,
+                    t_invalid=inv.t_invalid,
+                    t_expired=inv.t_expired,
+                ),
+            )
+        return list(ended.values())
 
     def build(self, llm_calls: int) -> ChangeSet:
+        self.cs.edge_invalidations = self._edge_validity()
         self.cs.vertices = list(self._vertices.values())
         self.cs.edges = list(self._edges.values())
         self.cs.invalidations = list(self._invalidated.values())

@@ -7,6 +7,8 @@ From the episodes a tombstone names, the erasure follows the provenance the memo
   one, as if the forgotten one had never been said;
 - a relation edge first written by a forgotten source stays only while a remaining thesis states it;
 - a thesis that a removed thesis had invalidated is valid again;
+- a kept relation edge is valid while a remaining thesis stating it is (so the edge of a thesis made valid again
+  is valid again), and otherwise ended when the last of them was;
 - the cached model answers built from the forgotten events, and those built from the user's memory at large
   (questions, contradiction checks), go too;
 - the forgotten event ids stay recorded, so a redelivered or replayed event is not memorized again.
@@ -53,13 +55,16 @@ def _sort_key(episode: Vertex) -> tuple[bool, datetime | None, str]:
 
 def _stated_relation(user_id: str, thesis: Vertex) -> str | None:
     """The relation edge id a thesis wrote (``ChangeSetBuilder.add``), if it wrote one."""
-    subject, relation, obj = (thesis.props.get(k) for k in ("subject", "relation", "object"))
-    if not (subject and relation and obj):
-        return None
-    start, end = ids.object_id(user_id, subject), ids.object_id(user_id, obj)
-    if start == end:
-        return None
-    return ids.edge_id(user_id, EdgeKind.RELATION.value, start, relation, end)
+    return ids.stated_relation(user_id, thesis.props)
+
+
+def _validity(edge: Edge, staters: list[Vertex]) -> dict[str, object]:
+    """A relation edge's invalidation as its remaining staters give it: valid while one of them is; otherwise it
+    ended when the last of them did (as ``ChangeSetBuilder`` ends it when it invalidates its last valid stater)."""
+    if any(v.t_invalid is None for v in staters):
+        return {"t_invalid": None, "t_expired": None, "invalidated_by": None}
+    last = max(staters, key=lambda v: (v.t_expired is not None, v.t_expired, v.t_invalid, v.id))
+    return {"t_invalid": last.t_invalid, "t_expired": last.t_expired, "invalidated_by": last.invalidated_by}
 
 
 class _Plan:
@@ -121,13 +126,13 @@ class _Plan:
 
     def edges(self, around: list[Triplet]) -> None:
         """Edges at a removed vertex go; kept thesis and relation edges whose first source went are re-derived."""
-        stated: dict[str, list[Vertex]] = {}
-        for t in around:
-            for vertex in (t.start, t.end):
-                if vertex.kind is VertexKind.THESIS and vertex.id not in self.delete_vertices:
-                    edge_id = _stated_relation(self.user_id, self.current(vertex))
-                    if edge_id is not None:
-                        stated.setdefault(edge_id, []).append(self.current(vertex))
+        stated: dict[str, dict[str, Vertex]] = {}
+        theses = [v for t in around for v in (t.start, t.end) if v.kind is VertexKind.THESIS]
+        for vertex in [*theses, *self.puts.values()]:
+            if vertex.kind is VertexKind.THESIS and vertex.id not in self.delete_vertices:
+                edge_id = _stated_relation(self.user_id, self.current(vertex))
+                if edge_id is not None:
+                    stated.setdefault(edge_id, {})[vertex.id] = self.current(vertex)
         for t in around:
             edge = t.edge
             if edge.source in self.delete_vertices or edge.target in self.delete_vertices:
@@ -135,10 +140,15 @@ class _Plan:
                 if edge.kind is EdgeKind.RELATION:
                     self.delete_relations.add(edge.id)
                 continue
+            if edge.kind is EdgeKind.RELATION and edge.id in stated:
+                validity = _validity(edge, list(stated[edge.id].values()))
+                current = self.edge_puts.get(edge.id, edge)
+                if any(getattr(current, k) != v for k, v in validity.items()):
+                    self.edge_puts[edge.id] = current.model_copy(update=validity)
             if edge.props.get("event_id") not in self.events:
                 continue
             if edge.kind is EdgeKind.RELATION:
-                by = stated.get(edge.id)
+                by = list(stated.get(edge.id, {}).values())
                 if not by:
                     self.delete_edges.add(edge.id)
                     self.delete_relations.add(edge.id)
@@ -149,7 +159,8 @@ class _Plan:
             else:
                 continue
             props = {**edge.props, "event_id": source.props.get("event_id", "")}
-            self.edge_puts[edge.id] = edge.model_copy(update={"props": props, "t_valid": source.t_valid})
+            current = self.edge_puts.get(edge.id, edge)
+            self.edge_puts[edge.id] = current.model_copy(update={"props": props, "t_valid": source.t_valid})
 
     def rewritten(self) -> ChangeSet:
         """The reworded sources' facts as memorize would write them (``ChangeSetBuilder``), oldest source first;
@@ -205,7 +216,9 @@ class _Plan:
                 VectorItem(id=i, kind=k, text=t, vector=list(v)) for (i, k, t), v in zip(new, embedded, strict=True)
             ]
 
-    def restore(self, invalidated: list[Vertex]) -> None:
+    def restore(self, invalidated: list[Vertex]) -> list[str]:
+        """Theses a removed thesis had invalidated are valid again; returns the relation edges they state."""
+        relations = []
         for thesis in invalidated:
             if thesis.id in self.delete_vertices:
                 continue
@@ -213,6 +226,10 @@ class _Plan:
                 update={"t_invalid": None, "t_expired": None, "invalidated_by": None}
             )
             self.restored += 1
+            edge_id = _stated_relation(self.user_id, thesis)
+            if edge_id is not None:
+                relations.append(edge_id)
+        return relations
 
 
 class ForgetService:
@@ -304,11 +321,14 @@ class ForgetService:
         for vertex_id in sorted(linked):
             plan.drop_or_rederive(linked[vertex_id], sources.get(vertex_id, []))
         around = await self.graph.neighbors(user, sorted(linked), [EdgeKind.THESIS, EdgeKind.RELATION])
-        # a thesis reworded goes though it keeps sources: its episodic edges to them go with it
-        plan.edges([*around, *episodic])
         removed_theses = [
             v for v in sorted(plan.delete_vertices) if v in linked and linked[v].kind is VertexKind.THESIS
         ]
-        plan.restore(await self.store.invalidated_by(user, removed_theses))
+        revived = plan.restore(await self.store.invalidated_by(user, removed_theses))
+        # the relation edges of the theses valid again, where the graph around the forgotten episodes lacks them
+        seen = {t.edge.id for t in around}
+        extra = await self.graph.get_triplets(user, sorted(set(revived) - seen)) if set(revived) - seen else {}
+        # a thesis reworded goes though it keeps sources: its episodic edges to them go with it
+        plan.edges([*around, *extra.values(), *episodic])
         await plan.apply_rewritten(self.graph, self.embedder)
         return plan

@@ -335,7 +335,8 @@ class MemorizeService:
             if verdict == "same":
                 same_as.setdefault(unit_n, {}).setdefault(fact_n, old.id)
             elif verdict == "updates":
-                replaced.setdefault(unit_n, []).append((fact_n, KnownRef(old.id, old.t_valid)))
+                known_about = about[found[unit_n].facts[fact_n].subject]
+                replaced.setdefault(unit_n, []).append((fact_n, KnownRef.of(old, known_about)))
         return same_as, replaced, result.calls
 
     async def _write(

@@ -603,8 +603,8 @@ class _Run:
             ends = (t.start, t.end)
             if t.id in kept or any(v.user_id != self.user_id for v in ends) or t.edge.user_id != self.user_id:
                 continue
-            if not all(v.valid_at(as_of) for v in ends):
-                continue  # a retriever that ignores as_of must not leak an invalidated (or future) thesis
+            if not (t.edge.valid_at(as_of) and all(v.valid_at(as_of) for v in ends)):
+                continue  # a retriever that ignores as_of must not leak an invalidated (or future) thesis or edge
             if not self.config.episodic_context and (
                 t.edge.kind is EdgeKind.EPISODIC or any(v.kind is VertexKind.EPISODIC for v in ends)
             ):

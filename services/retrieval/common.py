@@ -259,9 +259,7 @@ class Scope:
 
     def valid(self, t: Triplet) -> bool:
         when = self.request.as_of
-        if when is not None and t.edge.t_valid is not None and t.edge.t_valid > when:
-            return False
-        return t.start.valid_at(when) and t.end.valid_at(when)
+        return t.edge.valid_at(when) and t.start.valid_at(when) and t.end.valid_at(when)
 
     def traversable(self, t: Triplet) -> bool:
         return self.owned(t) and self.valid(t)

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from services import ids
-from services.domain import ChangeSet, Edge, EdgeKind, Invalidation, Vertex, VertexKind
+from services.domain import ChangeSet, Edge, EdgeInvalidation, EdgeKind, Invalidation, Vertex, VertexKind
 from services.ports import AnnouncementLog, MemoryStore, VectorItem
 
 DIM = 8
@@ -182,6 +182,51 @@ async def test_first_invalidation_wins(memory_store: MemoryStore, alice: World) 
     assert result.theses_invalidated == 0
     paris = (await memory_store.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]]
     assert paris.invalidated_by == alice.id["t_berlin"] and paris.t_invalid == T2024
+
+
+def ended(w: World, key: str, by: str, when: datetime) -> EdgeInvalidation:
+    return EdgeInvalidation(edge_id=w.id[key], invalidated_by=w.id[by], t_invalid=when, t_expired=when)
+
+
+async def edge_of(store: MemoryStore, w: World, key: str) -> Edge:
+    return (await store.get_triplets(w.user, [w.id[key]]))[w.id[key]].edge
+
+
+async def test_a_relation_edge_is_ended_once_and_read_back_ended(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    first = ended(alice, "lives_paris", "t_berlin", T2024)
+    thesis_edge = EdgeInvalidation(edge_id=alice.id["a_tp"], invalidated_by="t_x", t_invalid=T2024, t_expired=T2024)
+    cs = alice.change_set(["m3"], []).model_copy(update={"edge_invalidations": [first, thesis_edge]})
+    await memory_store.apply(cs, [])
+    later = ended(alice, "lives_paris", "t_paris", datetime(2025, 1, 1, tzinfo=UTC))
+    await memory_store.apply(alice.change_set(["m4"], []).model_copy(update={"edge_invalidations": [later]}), [])
+
+    paris = await edge_of(memory_store, alice, "lives_paris")
+    assert (paris.t_invalid, paris.t_expired, paris.invalidated_by) == (T2024, T2024, alice.id["t_berlin"])
+    assert not paris.valid_at(None) and paris.valid_at(T2023) and not paris.valid_at(T2024)
+    assert (await edge_of(memory_store, alice, "lives_berlin")).t_invalid is None
+    assert (await edge_of(memory_store, alice, "a_tp")).t_invalid is None  # only relation edges end
+    around = {
+        t.edge.id: t.edge for t in await memory_store.neighbors("alice", [alice.id["alice"]], [EdgeKind.RELATION])
+    }
+    assert around[alice.id["lives_paris"]] == paris and around[alice.id["lives_berlin"]].t_invalid is None
+
+
+async def test_a_relation_edge_stated_again_later_holds_again(memory_store: MemoryStore, alice: World) -> None:
+    await load(memory_store, alice)
+    end = alice.change_set(["m3"], []).model_copy(
+        update={"edge_invalidations": [ended(alice, "lives_paris", "t_berlin", T2024)]}
+    )
+    await memory_store.apply(end, [])
+    edge = alice.edges["lives_paris"]
+    earlier = alice.change_set(["m4"], []).model_copy(update={"edges": [edge.model_copy(update={"t_valid": T2023})]})
+    await memory_store.apply(earlier, [])  # about a time before it ended (a late event, a replay): still ended
+    assert (await edge_of(memory_store, alice, "lives_paris")).t_invalid == T2024
+    again = datetime(2025, 1, 1, tzinfo=UTC)
+    later = alice.change_set(["m5"], []).model_copy(update={"edges": [edge.model_copy(update={"t_valid": again})]})
+    await memory_store.apply(later, [])
+    paris = await edge_of(memory_store, alice, "lives_paris")
+    assert paris.t_invalid is None and paris.invalidated_by is None and paris.t_expired is None
 
 
 async def test_change_set_for_another_user_is_refused(memory_store: MemoryStore, alice: World, bob: World) -> None:

@@ -30,7 +30,18 @@ VERTEX_FIELDS = (
     "vertex.episode_label",
     "vertex.temporal_label",
 )
-EDGE_FIELDS = ("edge.id", "edge.user", "edge.kind", "edge.relation", "edge.props", "edge.t_valid", "edge.rank")
+EDGE_FIELDS = (
+    "edge.id",
+    "edge.user",
+    "edge.kind",
+    "edge.relation",
+    "edge.props",
+    "edge.t_valid",
+    "edge.t_expired",
+    "edge.t_invalid",
+    "edge.invalidated_by",
+    "edge.rank",
+)
 
 
 def dt_text(value: datetime | None) -> str | None:
@@ -99,6 +110,9 @@ def edge_values(e: Edge) -> Values:
             "edge.relation": e.relation,
             "edge.props": props_text(e.props),
             "edge.t_valid": dt_text(e.t_valid),
+            "edge.t_expired": dt_text(e.t_expired),
+            "edge.t_invalid": dt_text(e.t_invalid),
+            "edge.invalidated_by": e.invalidated_by,
             "edge.rank": rank_key(e.t_valid),
         }
     )
@@ -136,4 +150,7 @@ def read_edge(node: Mapping[str, Any], source: str, target: str) -> Edge:
         relation=node.get("edge.relation", ""),
         props=json.loads(node.get("edge.props", "{}")),
         t_valid=parse_dt(node.get("edge.t_valid")),
+        t_expired=parse_dt(node.get("edge.t_expired")),
+        t_invalid=parse_dt(node.get("edge.t_invalid")),
+        invalidated_by=node.get("edge.invalidated_by"),
     )

@@ -12,7 +12,7 @@ from services.ports import CacheScope
 
 from .codec import Values, edge_values, vertex_values
 from .queries import Params
-from .write import STAR, Mutation, Upsert, nquads
+from .write import EDGE_INVALIDATION, STAR, Mutation, Upsert, nquads
 
 #: ``kv.events`` of an entry built from the user's memory at large (questions, contradiction checks)
 NO_EVENTS = "-"
@@ -94,7 +94,13 @@ def erase_upsert(erasure: Erasure) -> Upsert:
             var = f"pe{n}"
             up.blocks.append(f"{var} as var(func: eq(edge.id, {p.add(edge.id)})) @filter(eq(edge.user, $u))")
             ends = {"edge.source": f"uid({node[edge.source]})", "edge.target": f"uid({node[edge.target]})"}
-            up.mutations.append(Mutation(nquads(f"uid({var})", edge_values(edge), ends), once))
+            values = edge_values(edge)
+            cleared = [
+                api.NQuad(subject=f"uid({var})", predicate=name, object_value=star)
+                for name in EDGE_INVALIDATION
+                if name not in values
+            ]
+            up.mutations.append(Mutation(nquads(f"uid({var})", values, ends), once, cleared))
         for n, event_id in enumerate(erasure.event_ids):
             var = f"ev{n}"
             up.blocks.append(f"{var} as var(func: eq(event.id, {p.add(event_id)})) @filter(eq(event.user, $u))")

@@ -22,7 +22,17 @@ from typing import Any
 
 from pydgraph.proto import api_pb2 as api
 
-from services.domain import Announcement, ApplyResult, ChangeSet, Edge, Invalidation, Vertex, VertexKind
+from services.domain import (
+    Announcement,
+    ApplyResult,
+    ChangeSet,
+    Edge,
+    EdgeInvalidation,
+    EdgeKind,
+    Invalidation,
+    Vertex,
+    VertexKind,
+)
 
 from .codec import Values, dt_text, edge_values, vertex_values
 from .queries import VALID_THESIS, Params
@@ -88,6 +98,18 @@ def _invalidated(inv: Invalidation) -> Values:
     }
 
 
+def _edge_invalidated(inv: EdgeInvalidation) -> Values:
+    return {
+        "edge.t_invalid": dt_text(inv.t_invalid) or "",
+        "edge.t_expired": dt_text(inv.t_expired) or "",
+        "edge.invalidated_by": inv.invalidated_by,
+    }
+
+
+#: what a relation edge loses when a valid thesis states it again (see ``change_set_upsert``)
+EDGE_INVALIDATION = ("edge.t_invalid", "edge.t_expired", "edge.invalidated_by")
+
+
 def change_set_upsert(change_set: ChangeSet) -> ChangeSetUpsert:
     user = change_set.user_id
     up = ChangeSetUpsert(
@@ -137,6 +159,16 @@ def change_set_upsert(change_set: ChangeSet) -> ChangeSetUpsert:
         edges_found.append(f"e{n}")
         ends = {"edge.source": f"uid({node[edge.source]})", "edge.target": f"uid({node[edge.target]})"}
         up.mutations.append(Mutation(nquads(f"uid(e{n})", edge_values(edge), ends), f"@if(eq(len(e{n}), 0){guard})"))
+        if edge.kind is EdgeKind.RELATION and edge.t_invalid is None and edge.t_valid is not None:
+            # stated again by a valid thesis about a time at or after it ended: it holds again (as the embedded
+            # store's _REVALIDATE_EDGE); one about an earlier time leaves it as it is
+            until = p.add(dt_text(edge.t_valid) or "")
+            up.blocks.append(f"rv{n} as var(func: uid(e{n})) @filter(le(edge.t_invalid, {until}))")
+            star = api.Value(default_val=STAR)
+            cleared = [
+                api.NQuad(subject=f"uid(rv{n})", predicate=name, object_value=star) for name in EDGE_INVALIDATION
+            ]
+            up.mutations.append(Mutation(cond=f"@if(gt(len(rv{n}), 0){guard})", deletes=cleared))
     if edges_found:
         up.blocks.append(f"edges_before(func: uid({', '.join(edges_found)})) {{ edge.id }}")
 
@@ -147,6 +179,14 @@ def change_set_upsert(change_set: ChangeSet) -> ChangeSetUpsert:
         up.mutations.append(Mutation(nquads(f"uid(t{n})", _invalidated(inv)), f"@if(gt(len(t{n}), 0){guard})"))
     if valid:
         up.blocks.append(f"valid_before(func: uid({', '.join(valid)})) {{ vertex.id }}")
+
+    for n, ended in enumerate(_first_by_id(change_set.edge_invalidations, "edge_id").values()):
+        # first one wins, as for theses: only a relation edge still valid is ended
+        up.blocks.append(
+            f"x{n} as var(func: eq(edge.id, {p.add(ended.edge_id)})) "
+            '@filter(eq(edge.user, $u) AND eq(edge.kind, "relation") AND NOT has(edge.t_invalid))'
+        )
+        up.mutations.append(Mutation(nquads(f"uid(x{n})", _edge_invalidated(ended)), f"@if(gt(len(x{n}), 0){guard})"))
     return up
 
 

@@ -21,9 +21,9 @@ VERTEX_COLUMNS = (
     "id, user_id, kind, name, norm_name, props, t_created, t_valid, t_expired, t_invalid, invalidated_by, "
     "episode_label, temporal_label"
 )
-EDGE_COLUMNS = "id, user_id, kind, source, target, relation, props, t_valid"
+EDGE_COLUMNS = "id, user_id, kind, source, target, relation, props, t_valid, t_expired, t_invalid, invalidated_by"
 N_VERTEX_COLUMNS = 13
-N_EDGE_COLUMNS = 8
+N_EDGE_COLUMNS = 11
 
 
 def dt_to_text(value: datetime | None) -> str | None:
@@ -79,7 +79,19 @@ def row_vertex(row: Sequence[Any]) -> Vertex:
 
 def edge_row(e: Edge) -> tuple[Any, ...]:
     props = props_to_text(e.props)
-    return (e.id, e.user_id, e.kind.value, e.source, e.target, e.relation, props, dt_to_text(e.t_valid))
+    return (
+        e.id,
+        e.user_id,
+        e.kind.value,
+        e.source,
+        e.target,
+        e.relation,
+        props,
+        dt_to_text(e.t_valid),
+        dt_to_text(e.t_expired),
+        dt_to_text(e.t_invalid),
+        e.invalidated_by,
+    )
 
 
 def row_edge(row: Sequence[Any]) -> Edge:
@@ -92,6 +104,9 @@ def row_edge(row: Sequence[Any]) -> Edge:
         relation=row[5],
         props=json.loads(row[6]),
         t_valid=text_to_dt(row[7]),
+        t_expired=text_to_dt(row[8]),
+        t_invalid=text_to_dt(row[9]),
+        invalidated_by=row[10],
     )
 
 

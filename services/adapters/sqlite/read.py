@@ -233,7 +233,8 @@ def dump(conn: apsw.Connection, user_id: str | None) -> dict[str, list[tuple[Any
 _CONTENT = {
     "vertices": "SELECT id, kind, name, norm_name, props, t_valid, t_invalid, invalidated_by, episode_label, "
     "temporal_label FROM vertices WHERE user_id = ? ORDER BY id",
-    "edges": f"SELECT {EDGE_COLUMNS} FROM edges WHERE user_id = ? ORDER BY id",
+    "edges": "SELECT id, user_id, kind, source, target, relation, props, t_valid, t_invalid, invalidated_by "
+    "FROM edges WHERE user_id = ? ORDER BY id",
     "events": f"SELECT event_id FROM applied_events WHERE user_id = ? AND {MEMORIZED} ORDER BY event_id",
     "items": "SELECT id, kind, text FROM items WHERE user_id = ? ORDER BY id",
 }

@@ -40,7 +40,8 @@ def _ddl(dim: int) -> list[str]:
         "CREATE INDEX IF NOT EXISTS vertices_by_name ON vertices (user_id, kind, norm_name)",
         """CREATE TABLE IF NOT EXISTS edges (
             id TEXT NOT NULL, user_id TEXT NOT NULL, kind TEXT NOT NULL, source TEXT NOT NULL, target TEXT NOT NULL,
-            relation TEXT NOT NULL, props TEXT NOT NULL, t_valid TEXT,
+            relation TEXT NOT NULL, props TEXT NOT NULL, t_valid TEXT, t_expired TEXT, t_invalid TEXT,
+            invalidated_by TEXT,
             PRIMARY KEY (user_id, id))""",
         "CREATE INDEX IF NOT EXISTS edges_by_source ON edges (user_id, source)",
         "CREATE INDEX IF NOT EXISTS edges_by_target ON edges (user_id, target)",
@@ -76,12 +77,29 @@ def _ddl(dim: int) -> list[str]:
     ]
 
 
+#: columns added since schema "1" was first written: (table, column, type); added to an older file on open
+_ADDED_COLUMNS = (
+    ("edges", "t_expired", "TEXT"),
+    ("edges", "t_invalid", "TEXT"),
+    ("edges", "invalidated_by", "TEXT"),
+)
+
+
+def _migrate(conn: apsw.Connection) -> None:
+    """Bring a file written by older code up to date (idempotent: a column already there is left alone)."""
+    for table, column, kind in _ADDED_COLUMNS:
+        present = {str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+
 def create_schema(conn: apsw.Connection, dim: int) -> None:
     """Idempotent; safe when several processes open a fresh file at once (one IMMEDIATE transaction)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         for statement in _ddl(dim):
             conn.execute(statement)
+        _migrate(conn)
         stored = {str(key): str(value) for key, value in conn.execute("SELECT key, value FROM meta")}
         if not stored:
             conn.executemany(

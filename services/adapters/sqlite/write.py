@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import apsw
 
-from services.domain import Announcement, ApplyResult, ChangeSet, Erasure, VertexKind
+from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Erasure, VertexKind
 from services.ports import CacheScope, VectorItem
 
 from .codec import (
@@ -29,6 +29,16 @@ _INSERT_EDGE = f"INSERT OR IGNORE INTO edges ({EDGE_COLUMNS}) VALUES ({', '.join
 _INVALIDATE = (
     "UPDATE vertices SET t_invalid = ?, t_expired = ?, invalidated_by = ? "
     "WHERE user_id = ? AND id = ? AND kind = 'thesis' AND t_invalid IS NULL"
+)
+_INVALIDATE_EDGE = (
+    "UPDATE edges SET t_invalid = ?, t_expired = ?, invalidated_by = ? "
+    "WHERE user_id = ? AND id = ? AND kind = 'relation' AND t_invalid IS NULL"
+)
+# a relation edge stated again by a valid thesis about a time at or after the edge ended holds again; one about an
+# earlier time (a replay of an older change set, a late event) leaves it as it is
+_REVALIDATE_EDGE = (
+    "UPDATE edges SET t_invalid = NULL, t_expired = NULL, invalidated_by = NULL "
+    "WHERE user_id = ? AND id = ? AND kind = 'relation' AND t_invalid IS NOT NULL AND t_invalid <= ?"
 )
 
 
@@ -76,13 +86,21 @@ def _write(conn: apsw.Connection, change_set: ChangeSet, vectors: Sequence[Vecto
             result.theses_added += vertex.kind is VertexKind.THESIS
     for edge in change_set.edges:
         conn.execute(_INSERT_EDGE, edge_row(edge))
-        result.edges_added += conn.changes()
+        added = conn.changes()
+        result.edges_added += added
+        if not added and edge.kind is EdgeKind.RELATION and edge.t_invalid is None and edge.t_valid is not None:
+            conn.execute(_REVALIDATE_EDGE, (user, edge.id, dt_to_text(edge.t_valid)))
     for inv in change_set.invalidations:
         conn.execute(
             _INVALIDATE,
             (dt_to_text(inv.t_invalid), dt_to_text(inv.t_expired), inv.invalidated_by, user, inv.thesis_id),
         )
         result.theses_invalidated += conn.changes()
+    for ended in change_set.edge_invalidations:
+        conn.execute(
+            _INVALIDATE_EDGE,
+            (dt_to_text(ended.t_invalid), dt_to_text(ended.t_expired), ended.invalidated_by, user, ended.edge_id),
+        )
     _index(conn, user, vectors, dim)
     conn.executemany(
         "INSERT OR IGNORE INTO applied_events (user_id, event_id, change_set_id) VALUES (?, ?, ?)",

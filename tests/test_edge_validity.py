@@ -1,0 +1,174 @@
+"""Relation edges end with the theses that state them, through memorize, on both stores, for every retriever.
+
+"Ada works at Siemens", then "Ada works at St. Mary's": the Siemens thesis is invalidated, and so is the relation
+edge ``Ada -works at-> Siemens`` it stated; no retriever returns it as current, and ``as_of`` before the change
+sees it (and not St. Mary's). The same when the Siemens message arrives late, after the St. Mary's one: it is
+written invalidated, and St. Mary's stays current. The memory doubles (rule-based LLM, real embedder and stores)
+are those of tests/test_forget_memory.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from services import ids
+from services.adapters.sqlite import SqliteMemoryStore
+from services.domain import ChangeSet, Edge, EdgeKind, Triplet, Vertex, VertexKind
+from services.gateway.graph import neighbourhood
+from services.memorize.builder import ChangeSetBuilder, KnownRef, Source
+from services.memorize.extraction import Fact, ItemFacts
+from services.retrieval.base import RetrievalRequest
+from services.retrieval.registry import get_retriever
+from tests import test_forget_memory
+from tests.test_forget_memory import Memory, chat
+from tests.test_retrievers import ALL
+
+# the memories of tests/test_forget_memory.py, on SQLite and on the remote store (fixtures)
+embedder = test_forget_memory.embedder
+open_memory = test_forget_memory.open_memory
+
+SIEMENS, ST_MARYS = chat(1, "I work at Siemens."), chat(2, "I work at St. Mary's.")
+BETWEEN = SIEMENS.event_time + timedelta(seconds=30)  # after the first was said, before the second
+
+
+def relation(user: str, place: str) -> str:
+    return ids.edge_id(
+        user, EdgeKind.RELATION.value, ids.object_id(user, "Ada"), "works at", ids.object_id(user, place)
+    )
+
+
+async def edge(memory: Memory, place: str) -> Edge:
+    edge_id = relation("ada", place)
+    return (await memory.store.get_triplets("ada", [edge_id]))[edge_id].edge
+
+
+async def retrieve(memory: Memory, name: str, as_of: datetime | None) -> list[Triplet]:
+    [vector] = await memory.memorize.embedder.embed(["Where does Ada work?"])
+    request = RetrievalRequest(
+        user_id="ada",
+        query="Where does Ada work?",
+        query_vector=list(vector),
+        seeds=[ids.object_id("ada", "Ada")],
+        budget=20,
+        as_of=as_of,
+    )
+    return await get_retriever(name, memory.store, memory.store).retrieve(request)
+
+
+def places(triplets: list[Triplet]) -> set[str]:
+    return {p for p in ("Siemens", "St. Mary's") if any(p in t.text for t in triplets)}
+
+
+async def check_every_retriever(memory: Memory) -> None:
+    for name in ALL:
+        assert places(await retrieve(memory, name, None)) == {"St. Mary's"}, name
+        assert places(await retrieve(memory, name, BETWEEN)) == {"Siemens"}, name
+
+
+async def test_an_update_ends_the_relation_edge_of_the_old_state(open_memory: Any) -> None:
+    memory = await open_memory("anna")
+    await memory.said([SIEMENS, ST_MARYS])
+    [current] = await memory.store.valid_theses("ada")
+    old, new = await edge(memory, "Siemens"), await edge(memory, "St. Mary's")
+    assert (old.t_invalid, old.invalidated_by) == (ST_MARYS.event_time, current.id)
+    assert old.t_valid == SIEMENS.event_time and old.valid_at(BETWEEN) and not old.valid_at(None)
+    assert new.t_invalid is None and new.invalidated_by is None
+    await check_every_retriever(memory)
+
+
+async def test_a_late_earlier_fact_is_written_ended_and_the_newer_state_stays(open_memory: Any) -> None:
+    memory = await open_memory("late")
+    await memory.said([ST_MARYS, SIEMENS])  # the Siemens message is about an earlier time and arrives last
+    [current] = await memory.store.valid_theses("ada")
+    assert "St. Mary's" in current.name
+    old, new = await edge(memory, "Siemens"), await edge(memory, "St. Mary's")
+    assert (old.t_invalid, old.invalidated_by) == (ST_MARYS.event_time, current.id)
+    assert old.valid_at(BETWEEN) and not old.valid_at(None)
+    assert new.t_invalid is None
+    await check_every_retriever(memory)
+
+
+def builder_with_update(co_staters: frozenset[str]) -> ChangeSet:
+    """St. Mary's replaces a known Siemens thesis; ``co_staters``: other valid theses known to state its edge."""
+    source = Source("m2", 0, "I work at St. Mary's.", ST_MARYS.event_time, ST_MARYS.ingest_time, {})
+    builder = ChangeSetBuilder("ada", "c", ["m2"])
+    [new_id] = builder.add(source, ItemFacts(facts=[fact("St. Mary's")]))
+    props = {"subject": "Ada", "relation": "works at", "object": "Siemens"}
+    known = Vertex(id="t_old", user_id="ada", kind=VertexKind.THESIS, name="Ada works at Siemens.", props=props)
+    old = KnownRef.of(known.model_copy(update={"t_valid": SIEMENS.event_time}))
+    builder.invalidate(KnownRef(old.id, old.t_valid, old.relation, co_staters), new_id, source)
+    return builder.build(0)
+
+
+def fact(place: str) -> Fact:
+    return Fact(
+        subject="Ada",
+        text=f"Ada works at {place}.",
+        relation="works at",
+        object=place,
+        kind="FACT",
+        temporal="DYNAMIC",
+    )
+
+
+def test_the_edge_ends_only_when_no_other_valid_thesis_states_it() -> None:
+    alone = builder_with_update(frozenset())
+    [ended] = alone.edge_invalidations
+    assert ended.edge_id == relation("ada", "Siemens") and ended.t_invalid == ST_MARYS.event_time
+    assert ended.invalidated_by == alone.invalidations[0].invalidated_by
+    assert builder_with_update(frozenset({"t_also_siemens"})).edge_invalidations == []
+
+
+def test_known_ref_finds_the_other_valid_staters_of_its_edge() -> None:
+    props = {"subject": "Ada", "relation": "works at", "object": "Siemens"}
+    theses = [
+        Vertex(id=f"t_{n}", user_id="ada", kind=VertexKind.THESIS, name=f"Ada works at Siemens {n}.", props=props)
+        for n in range(3)
+    ]
+    theses[2] = theses[2].model_copy(update={"t_invalid": ST_MARYS.event_time})
+    other = Vertex(id="t_x", user_id="ada", kind=VertexKind.THESIS, name="x", props={**props, "object": "Bosch"})
+    ref = KnownRef.of(theses[0], [*theses, other])
+    assert ref.relation == relation("ada", "Siemens") and ref.co_staters == {"t_1"}
+
+
+async def test_the_neighbourhood_shows_what_held_then_and_marks_an_asked_for_ended_edge(open_memory: Any) -> None:
+    memory = await open_memory("graph")
+    await memory.said([SIEMENS, ST_MARYS])
+    ada, siemens = ids.object_id("ada", "Ada"), relation("ada", "Siemens")
+    now = await neighbourhood(memory.store, "ada", [ada], per_vertex=50)
+    then = await neighbourhood(memory.store, "ada", [ada], per_vertex=50, as_of=BETWEEN)
+    assert siemens not in {e.id for e in now.edges} and relation("ada", "St. Mary's") in {e.id for e in now.edges}
+    assert siemens in {e.id for e in then.edges} and relation("ada", "St. Mary's") not in {e.id for e in then.edges}
+    assert all(e.valid for e in now.edges) and all(n.valid for n in now.nodes)
+    asked = await neighbourhood(memory.store, "ada", [siemens], per_vertex=50)
+    assert {e.id: e.valid for e in asked.edges if e.focus} == {siemens: False}
+
+
+async def test_an_older_file_gains_the_edge_columns_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    await (await SqliteMemoryStore.open(path, dim=4)).close()
+    conn = apsw.Connection(str(path))
+    for column in ("t_expired", "t_invalid", "invalidated_by"):  # the edges table as schema "1" first wrote it
+        conn.execute(f"ALTER TABLE edges DROP COLUMN {column}")
+    for vid in ("o_a", "o_b"):
+        conn.execute(
+            "INSERT INTO vertices (id, user_id, kind, name, props) VALUES (?, 'ada', 'object', ?, '{}')", (vid, vid)
+        )
+    conn.execute(
+        "INSERT INTO edges (id, user_id, kind, source, target, relation, props, t_valid) "
+        "VALUES ('r_1', 'ada', 'relation', 'o_a', 'o_b', 'knows', '{}', NULL)"
+    )
+    conn.close()
+    for _ in range(2):  # idempotent: the second open finds the columns there
+        store = await SqliteMemoryStore.open(path, dim=4)
+        try:
+            edge = (await store.get_triplets("ada", ["r_1"]))["r_1"].edge
+        finally:
+            await store.close()
+        assert edge.relation == "knows" and edge.t_invalid is None and edge.valid_at(None)
+    columns = {str(row[1]) for row in apsw.Connection(str(path)).execute("PRAGMA table_info(edges)")}
+    assert {"t_expired", "t_invalid", "invalidated_by"} <= columns
