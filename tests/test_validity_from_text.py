@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from schemas.events import ChatMessage
+from schemas.events import ChatMessage, ForgetScope
 from services import ids
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
@@ -25,6 +25,7 @@ from services.domain import EdgeKind, Vertex, VertexKind
 from services.llm.scripted import ScriptedLLM
 from services.memorize.builder import ChangeSetBuilder, KnownRef, Source
 from services.memorize.extraction import Fact, ItemFacts
+from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
 from services.memorize.when import resolve
 from services.ports import LLMRequest
@@ -156,6 +157,7 @@ _PAIR = re.compile(r"^\[(\d+)\] NEW \([^)]*\): (.*)\n\s+KNOWN \([^)]*\): (.*)$",
 SCRIPT = {
     "I went to the support group last weekend.": ("went to", "support group", "last weekend", "FACT"),
     "I went to the gym yesterday.": ("went to", "gym", "yesterday", "FACT"),
+    "I went to the gym today.": ("went to", "gym", "today", "FACT"),
     "I painted a lake in March.": ("painted", "lake", "in March", "FACT"),
     "I lived in Boston from 2019 to 2021.": ("lived in", "Boston", "from 2019 to 2021", "FACT"),
     "I coached the team until June.": ("coached", "team", "until June", "FACT"),
@@ -294,3 +296,21 @@ async def test_as_of_sees_a_fact_from_the_day_its_words_name(
     assert await found(day(2023, 5, 8))  # after the weekend, before it was said
     assert await found(SAID)
     assert not await found(day(2023, 5, 5))  # before it happened
+
+
+async def test_forgetting_the_first_source_keeps_the_time_the_words_name(
+    memory: tuple[SqliteMemoryStore, MemorizeService], embedder: MiniLMEmbedder
+) -> None:
+    """Both messages date the gym to 11 May (one thesis, two sources): without the first, it still holds from
+    11 May, not from when the second was said."""
+    store, service = memory
+    await service.memorize([chat(1, "I went to the gym yesterday.", SAID)])
+    await service.memorize([chat(2, "I went to the gym today.", day(2023, 5, 11) + timedelta(hours=20))])
+    [thesis] = await theses(store, "gym")
+    assert thesis.t_valid == day(2023, 5, 11)
+    forget = ForgetService(store, store, store, embedder)
+    tombstone = test_forget_memory.tombstone(ForgetScope.MESSAGE, "caroline-m1", user="caroline")
+    await forget.forget(tombstone, "chat")
+    [kept] = await theses(store, "gym")
+    assert kept.id == thesis.id and kept.props["event_id"] == "caroline-m2"
+    assert kept.t_valid == day(2023, 5, 11)
