@@ -60,3 +60,41 @@ def test_a_bare_month_or_weekday_of_a_plan_is_the_next_one() -> None:
     assert earlier is not None and earlier.start == date(2023, 9, 1)
     friday = resolve("on Friday", said, future=True)
     assert friday is not None and friday.start == date(2024, 3, 8)
+
+
+SAID = datetime(2023, 5, 12, 15, 0, tzinfo=UTC)  # Friday 12 May 2023
+AUG = datetime(2023, 8, 20, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("words", "said", "start", "end", "ended", "open_start", "shown"),
+    [
+        # an event or a period it held in: it happened then, nothing says it stopped
+        ("last weekend", SAID, date(2023, 5, 6), date(2023, 5, 7), False, False, "6 May 2023 - 7 May 2023"),
+        ("since 2019", SAID, date(2019, 1, 1), date(2019, 12, 31), False, False, "2019"),
+        # a state that stopped
+        ("from 2019 to 2021", SAID, date(2019, 1, 1), date(2021, 12, 31), True, False, "2019 - 2021"),
+        ("between March and April", SAID, date(2023, 3, 1), date(2023, 4, 30), True, False, None),
+        ("until June", SAID, date(2023, 6, 1), date(2023, 6, 30), True, True, "until June 2023"),
+        ("until June", AUG, date(2023, 6, 1), date(2023, 6, 30), True, True, "until June 2023"),
+        ("till last Friday", SAID, date(2023, 5, 5), date(2023, 5, 5), True, True, "until 5 May 2023"),
+    ],
+)
+def test_words_that_say_a_state_stopped_are_ended(
+    words: str, said: datetime, start: date, end: date, ended: bool, open_start: bool, shown: str | None
+) -> None:
+    when = resolve(words, said)
+    assert when is not None, words
+    assert (when.start, when.end, when.ended, when.open_start) == (start, end, ended, open_start)
+    if shown is not None:
+        assert when.describe() == shown
+
+
+def test_until_a_month_of_a_plan_said_after_it_is_next_year() -> None:
+    when = resolve("until February", AUG, future=True)
+    assert when is not None and (when.start, when.end) == (date(2024, 2, 1), date(2024, 2, 29))
+
+
+@pytest.mark.parametrize("words", ["since I was 12", "from 2021 to 2019", "until then", "from blue to green"])
+def test_unresolvable_or_backwards_ranges_resolve_to_nothing(words: str) -> None:
+    assert resolve(words, SAID) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from services import ids
@@ -74,12 +74,23 @@ def fact_record(fact: Fact) -> dict[str, Any]:
             "end": fact.when.end.isoformat(),
             "text": fact.when.text,
         }
+        record["when"] |= {k: True for k in ("ended", "open_start") if getattr(fact.when, k)}
     return record
 
 
 def fact_of(record: Mapping[str, Any]) -> Fact:
     raw = record.get("when")
-    when = None if not raw else When(date.fromisoformat(raw["start"]), date.fromisoformat(raw["end"]), raw["text"])
+    when = (
+        None
+        if not raw
+        else When(
+            date.fromisoformat(raw["start"]),
+            date.fromisoformat(raw["end"]),
+            raw["text"],
+            ended=bool(raw.get("ended")),
+            open_start=bool(raw.get("open_start")),
+        )
+    )
     return Fact(**{k: str(record[k]) for k in ("subject", "text", "relation", "object", "kind", "temporal")}, when=when)
 
 
@@ -98,6 +109,52 @@ def thesis_text(fact: Fact) -> str:
     return f"{fact.text.rstrip('.')} ({fact.when.describe()})."
 
 
+def _midnight(day: date) -> datetime:
+    return datetime.combine(day, time(), tzinfo=UTC)
+
+
+def validity(when: When | None, kind: str, said_at: datetime) -> tuple[datetime, datetime | None]:
+    """When a thesis starts and stops being true on the world's clock (``t_valid``, ``t_invalid``).
+
+    Without time words it holds from when it was said. With them, from the first day they name (00:00 UTC):
+    "I went to Paris last weekend", said Friday 12 May 2023, holds from 6 May; "in March" from 1 March. An event
+    or a period it was true in stays valid after it as a record of what happened; only words that say a state
+    stopped ("until June", "from 2019 to 2021": ``When.ended``) end it, on the day after the last one named
+    (1 January 2022). Words that only name the end ("until June") give the end's period as the start, the only
+    time known, unless the statement was made earlier (then it holds from when it was said).
+
+    Never later than it was said: a plan or prediction ("next week I fly to Rome", a PREDICTION or a time still
+    to come) holds, as a plan, from when it was said; its date is in its text. An end still to come ("I'm in
+    Berlin until June", said in May) is not a ``t_invalid`` either, since the stores take any ``t_invalid`` as
+    "no longer true now": it stays in the text and ``when_end``, and a later message ends it."""
+    if when is None or kind == EpisodeLabel.PREDICTION.value:
+        return said_at, None
+    start = _midnight(when.start)
+    if start > said_at:
+        return said_at, None
+    end = _midnight(when.end + timedelta(days=1)) if when.ended else None
+    if when.open_start and end is not None and end <= said_at:
+        return start, end
+    if when.open_start:
+        return said_at, None
+    return start, end if end is not None and end <= said_at else None
+
+
+def valid_from_props(props: Mapping[str, str], kind: str, said_at: datetime) -> tuple[datetime, datetime | None]:
+    """``validity`` of a stored thesis, from the ``when_*`` props ``ChangeSetBuilder`` wrote and when its source
+    said it (what forgetting its first source re-derives it from)."""
+    if not props.get("when_start") or not props.get("when_end"):
+        return said_at, None
+    when = When(
+        date.fromisoformat(props["when_start"]),
+        date.fromisoformat(props["when_end"]),
+        props.get("when_text", ""),
+        ended=props.get("when_ended") == "true",
+        open_start=props.get("when_open_start") == "true",
+    )
+    return validity(when, kind, said_at)
+
+
 class ChangeSetBuilder:
     def __init__(self, user_id: str, change_set_id: str, event_ids: list[str]) -> None:
         self.cs = ChangeSet(id=change_set_id, user_id=user_id, event_ids=event_ids)
@@ -108,6 +165,8 @@ class ChangeSetBuilder:
         self._stated: dict[str, list[str]] = {}
         #: the known theses invalidated, with the relation edge each stated
         self._replaced: dict[str, KnownRef] = {}
+        #: new theses whose own words say they stopped ("from 2019 to 2021"): their t_invalid and t_expired
+        self._ended: dict[str, tuple[datetime, datetime]] = {}
 
     @property
     def user_id(self) -> str:
@@ -116,7 +175,10 @@ class ChangeSetBuilder:
     def _vertex(self, vertex: Vertex) -> Vertex:
         return self._vertices.setdefault(vertex.id, vertex)
 
-    def _edge(self, kind: EdgeKind, source: str, relation: str, target: str, src: Source) -> str:
+    def _edge(
+        self, kind: EdgeKind, source: str, relation: str, target: str, src: Source, t_valid: datetime | None = None
+    ) -> str:
+        """``t_valid``: the world time it holds from, the stating thesis's (default: when it was said)."""
         edge_id = ids.edge_id(self.user_id, kind.value, source, relation, target)
         self._edges.setdefault(
             edge_id,
@@ -128,7 +190,7 @@ class ChangeSetBuilder:
                 target=target,
                 relation=relation,
                 props={"event_id": src.event_id},
-                t_valid=src.event_time,
+                t_valid=t_valid or src.event_time,
             ),
         )
         return edge_id
@@ -192,10 +254,10 @@ class ChangeSetBuilder:
                 entities.append(self._object(fact.object, src))
             for obj in entities:
                 touched.add(obj.id)
-                self._edge(EdgeKind.THESIS, obj.id, EdgeKind.THESIS.value, thesis.id, src)
+                self._edge(EdgeKind.THESIS, obj.id, EdgeKind.THESIS.value, thesis.id, src, thesis.t_valid)
             if fact.object and fact.relation and entities[0].id != entities[-1].id:
                 relation = " ".join(fact.relation.lower().split())
-                edge_id = self._edge(EdgeKind.RELATION, entities[0].id, relation, entities[-1].id, src)
+                edge_id = self._edge(EdgeKind.RELATION, entities[0].id, relation, entities[-1].id, src, thesis.t_valid)
                 stated = self._stated.setdefault(edge_id, [])
                 if thesis.id not in stated:
                     stated.append(thesis.id)
@@ -215,14 +277,20 @@ class ChangeSetBuilder:
                 "when_start": fact.when.start.isoformat(),
                 "when_end": fact.when.end.isoformat(),
             }
+            props |= {f"when_{k}": "true" for k in ("ended", "open_start") if getattr(fact.when, k)}
+        thesis_id = ids.thesis_id(self.user_id, text)
+        t_valid, t_invalid = validity(fact.when, fact.kind, src.event_time)
+        if t_invalid is not None and thesis_id not in self._vertices:
+            # its own words say it stopped: not invalidated by anything, a record of a state that ended
+            self._ended.setdefault(thesis_id, (t_invalid, src.ingest_time))
         return Vertex(
-            id=ids.thesis_id(self.user_id, text),
+            id=thesis_id,
             user_id=self.user_id,
             kind=VertexKind.THESIS,
             name=text,
             props=props,
             t_created=src.ingest_time,
-            t_valid=src.event_time,
+            t_valid=t_valid,
             episode_label=EpisodeLabel(fact.kind),
             temporal_label=TemporalLabel(fact.temporal),
         )
@@ -233,9 +301,14 @@ class ChangeSetBuilder:
             self._invalidate(old, new, src)
 
     def _invalidate(self, old: KnownRef, new: Vertex, src: Source) -> None:
+        """Both times are world times: a thesis's ``t_valid`` is the time its words name (``validity``), so a later
+        message about an earlier time ("Back in 2019 I worked at Bosch") does not supersede a newer state."""
         if old.t_valid is not None and new.t_valid is not None and old.t_valid > new.t_valid:
             # The "new" statement describes an earlier time (a late, out-of-order event): it is the one that
-            # ended when the old one became true.
+            # ended when the old one became true, unless its own words end it before that.
+            own = self._ended.get(new.id)
+            if own is not None and own[0] <= old.t_valid:
+                return
             self._invalidated.setdefault(
                 new.id,
                 Invalidation(thesis_id=new.id, invalidated_by=old.id, t_invalid=old.t_valid, t_expired=src.ingest_time),
@@ -252,7 +325,7 @@ class ChangeSetBuilder:
         """Some thesis stating ``edge_id`` stays valid after this change set: a new one not invalidated on
         arrival, or a known one (``known``) this change set does not invalidate."""
         staters = [*self._stated.get(edge_id, []), *known]
-        return any(thesis not in self._invalidated for thesis in staters)
+        return any(thesis not in self._invalidated and thesis not in self._ended for thesis in staters)
 
     def _edge_validity(self) -> list[EdgeInvalidation]:
         """Relation edges follow the theses that state them: a new edge whose every new stater is invalidated on
@@ -261,14 +334,17 @@ class ChangeSetBuilder:
         the caller gave (``KnownRef.co_staters``, the user's valid theses about the subject)."""
         for edge_id, staters in self._stated.items():
             if not self._still_stated(edge_id):
-                inv = self._invalidated[staters[0]]
-                self._edges[edge_id] = self._edges[edge_id].model_copy(
-                    update={
+                inv = self._invalidated.get(staters[0])
+                if inv is not None:
+                    update: dict[str, Any] = {
                         "t_invalid": inv.t_invalid,
                         "t_expired": inv.t_expired,
                         "invalidated_by": inv.invalidated_by,
                     }
-                )
+                else:  # its stater's own words ended it
+                    t_invalid, t_expired = self._ended[staters[0]]
+                    update = {"t_invalid": t_invalid, "t_expired": t_expired, "invalidated_by": None}
+                self._edges[edge_id] = self._edges[edge_id].model_copy(update=update)
         ended: dict[str, EdgeInvalidation] = {}
         for old in self._replaced.values():
             if old.relation is None or self._still_stated(old.relation, old.co_staters):
@@ -287,6 +363,11 @@ class ChangeSetBuilder:
 
     def build(self, llm_calls: int) -> ChangeSet:
         self.cs.edge_invalidations = self._edge_validity()
+        for thesis_id, (t_invalid, t_expired) in self._ended.items():
+            if thesis_id not in self._invalidated:  # an invalidation on arrival is written by the store instead
+                self._vertices[thesis_id] = self._vertices[thesis_id].model_copy(
+                    update={"t_invalid": t_invalid, "t_expired": t_expired}
+                )
         self.cs.vertices = list(self._vertices.values())
         self.cs.edges = list(self._edges.values())
         self.cs.invalidations = list(self._invalidated.values())

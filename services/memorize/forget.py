@@ -26,7 +26,7 @@ from schemas.events import Forget, ForgetScope, MemoryForgotten
 from services import ids, metrics
 from services.domain import ChangeSet, Edge, EdgeKind, Erasure, Triplet, Vertex, VertexKind
 from services.logging import get_logger
-from services.memorize.builder import MERGED, ChangeSetBuilder, Source, merged_facts
+from services.memorize.builder import MERGED, ChangeSetBuilder, Source, merged_facts, valid_from_props
 from services.memorize.extraction import Fact, ItemFacts
 from services.ports import Embedder, ForgetStore, GraphStore, KeyValueCache, VectorItem
 
@@ -114,8 +114,12 @@ class _Plan:
                     return
                 first = _first(e for e in remaining if not merged[e.id])  # one that stated it in these words
                 props = {**vertex.props, "event_id": first.props.get("event_id", "")}
+                # the world time its words name, else when its first remaining source said it
+                t_valid = first.t_valid
+                if first.t_valid is not None and vertex.episode_label is not None:
+                    t_valid = valid_from_props(props, vertex.episode_label.value, first.t_valid)[0]
                 self.puts[vertex.id] = vertex.model_copy(
-                    update={"props": props, "t_valid": first.t_valid, "t_created": first.t_created}
+                    update={"props": props, "t_valid": t_valid, "t_created": first.t_created}
                 )
         elif vertex.kind is VertexKind.OBJECT:
             forgotten_times = {e.t_created for e in episodes if e.id in self.episodes}

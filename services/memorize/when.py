@@ -4,6 +4,11 @@ A small model is bad at calendar arithmetic, so extraction only copies the time 
 module turns them into an absolute day or range. Points ("yesterday", "last Friday", "two days ago", "May 7") go to
 ``dateparser``; periods ("last week", "next month", "this weekend", "3 years ago") are ranges, which ``dateparser``
 does not return, so they are read here: a week runs Monday to Sunday, "N years ago" is that calendar year.
+
+Most time words date an event or a period something was true in ("last weekend", "in 2019"): it happened then.
+Words that say a state stopped ("until June", "till last Friday", "from 2019 to 2021") give a ``When`` with
+``ended``: the state held up to and including ``end`` and not after (``services.memorize.builder`` makes that the
+thesis's ``t_invalid``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ _AGO = re.compile(rf"\b{_NUM}\s+(day|week|month|year)s?\s+ago\b")
 _FOR = re.compile(rf"\b(?:for|since)\s+(?:the\s+(?:last|past)\s+)?{_NUM}\s+(day|week|month|year)s?\b")
 _YEAR = re.compile(r"^(?:in|during|since|back in)?\s*((?:19|20)\d\d)$")
 _MONTH = re.compile(r"^(?:in|during|since|last|this|next)?\s*(" + "|".join(calendar.month_name[1:]).lower() + r")$")
+_UNTIL = re.compile(r"^(?:up\s+)?(?:until|till|til|up to)\s+(.+)$")
+_RANGE = re.compile(r"^(?:from|between)\s+(.+?)\s+(?:to|until|till|and|through)\s+(.+)$")
 _VAGUE = re.compile(r"\b(recently|lately|the other day|soon|someday|sometime|always|ever|now|these days)\b")
 
 
@@ -90,9 +97,21 @@ class When:
     start: date
     end: date
     text: str
+    #: the words say the state stopped after ``end`` ("until June", "from 2019 to 2021"), not only that it
+    #: happened or held then ("last weekend", "in 2019", "since 2019")
+    ended: bool = False
+    #: the words give no start ("until June"): ``start`` is only the start of the period named as the end
+    open_start: bool = False
 
     def describe(self) -> str:
-        """Human form for thesis text: "7 May 2023", "29 May - 4 June 2023", "May 2023", "2022"."""
+        """Human form for thesis text: "7 May 2023", "29 May - 4 June 2023", "May 2023", "2022", "2019 - 2021",
+        "until June 2023"."""
+        if self.open_start:
+            return f"until {When(self.start, self.end, self.text).describe()}"
+        if (self.start.month, self.start.day, self.end.month, self.end.day) == (1, 1, 12, 31) and (
+            self.start.year < self.end.year
+        ):
+            return f"{self.start.year} - {self.end.year}"
         if self.start == self.end:
             return _day(self.start)
         if (self.start.month, self.start.day, self.end.month, self.end.day) == (1, 1, 12, 31) and (
@@ -168,6 +187,23 @@ def resolve(words: str, said_at: datetime, future: bool = False) -> When | None:
     if not text or (_VAGUE.search(text) and not re.search(r"\d", text)):
         return None
     said = said_at.date()
+    if match := _RANGE.match(text):
+        first, last = resolve(match.group(1), said_at, future), resolve(match.group(2), said_at, future)
+        if first is None or last is None or first.start > last.end:
+            return None
+        return When(first.start, last.end, words.strip(), ended=True)
+    if match := _UNTIL.match(text):
+        rest = match.group(1)
+        if month_match := _MONTH.match(rest):
+            # "until June": the June of the year it was said in ("I'm in Berlin until June", "I lived there
+            # until June"), the next one for a plan said after it
+            month = [m.lower() for m in calendar.month_name].index(month_match.group(1))
+            bound: When | None = When(*_month(said.year + (future and month < said.month), month), rest)
+        else:
+            bound = resolve(rest, said_at, future)
+        if bound is None:
+            return None
+        return When(bound.start, bound.end, words.strip(), ended=True, open_start=True)
     found: tuple[date, date] | None = None
     if match := _PERIOD.search(text):
         found = _period(match.group(1), match.group(2), said)
