@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydgraph.proto import api_pb2 as api
-
 from services.domain import Erasure
 from services.ports import CacheScope
 
 from .codec import Values, edge_values, vertex_values
 from .queries import Params
-from .write import EDGE_INVALIDATION, STAR, Mutation, Upsert, nquads
+from .write import EDGE_INVALIDATION, Mutation, Upsert, applied_event, delete_node, delete_predicates, nquads
 
 #: ``kv.events`` of an entry built from the user's memory at large (questions, contradiction checks)
 NO_EVENTS = "-"
@@ -41,10 +39,6 @@ def outcome_query(user_id: str, forget_id: str) -> tuple[Params, str]:
     return p, p.query(body, False)
 
 
-def _delete_all(var: str) -> api.NQuad:
-    return api.NQuad(subject=f"uid({var})", predicate=STAR, object_value=api.Value(default_val=STAR))
-
-
 def erase_upsert(erasure: Erasure) -> Upsert:
     """One request, one transaction; nothing happens if the forget was applied before."""
     user = erasure.user_id
@@ -60,16 +54,16 @@ def erase_upsert(erasure: Erasure) -> Upsert:
             "evs as var(func: eq(event.user, $u))",
         ]
         forgotten = nquads("uid(evs)", {"event.change_set": erasure.forget_id, "event.forgotten": "true"})
-        up.mutations.append(Mutation(forgotten, once, [_delete_all(v) for v in ("vs", "es", "pas")]))
+        up.mutations.append(Mutation(forgotten, once, [delete_node(v) for v in ("vs", "es", "pas")]))
     else:
         if erasure.delete_vertices:
             up.blocks.append(
                 f"dv as var(func: eq(vertex.id, {p.many(erasure.delete_vertices)})) @filter(eq(vertex.user, $u))"
             )
-            up.mutations.append(Mutation(cond=once, deletes=[_delete_all("dv")]))
+            up.mutations.append(Mutation(cond=once, deletes=[delete_node("dv")]))
         if erasure.delete_edges:
             up.blocks.append(f"de as var(func: eq(edge.id, {p.many(erasure.delete_edges)})) @filter(eq(edge.user, $u))")
-            up.mutations.append(Mutation(cond=once, deletes=[_delete_all("de")]))
+            up.mutations.append(Mutation(cond=once, deletes=[delete_node("de")]))
         # one variable per vertex put or at an end of an edge put: ``uid(nK)`` names the same node in every
         # mutation of the request, existing or created by it (a fact written anew in its source's own words)
         node: dict[str, str] = {}
@@ -80,37 +74,23 @@ def erase_upsert(erasure: Erasure) -> Upsert:
             if vid not in node:
                 node[vid] = f"n{len(node)}"
                 up.blocks.append(f"{node[vid]} as var(func: eq(vertex.id, {p.add(vid)})) @filter(eq(vertex.user, $u))")
-        star = api.Value(default_val=STAR)
         for vertex in erasure.put_vertices:
             var = node[vertex.id]
             values = vertex_values(vertex)
-            cleared = [
-                api.NQuad(subject=f"uid({var})", predicate=name, object_value=star)
-                for name in _NULLABLE
-                if name not in values
-            ]
-            up.mutations.append(Mutation(nquads(f"uid({var})", values), once, cleared))
+            up.mutations.append(
+                Mutation(nquads(f"uid({var})", values), once, delete_predicates(var, _NULLABLE, values))
+            )
         for n, edge in enumerate(erasure.put_edges):
             var = f"pe{n}"
             up.blocks.append(f"{var} as var(func: eq(edge.id, {p.add(edge.id)})) @filter(eq(edge.user, $u))")
             ends = {"edge.source": f"uid({node[edge.source]})", "edge.target": f"uid({node[edge.target]})"}
             values = edge_values(edge)
-            cleared = [
-                api.NQuad(subject=f"uid({var})", predicate=name, object_value=star)
-                for name in EDGE_INVALIDATION
-                if name not in values
-            ]
+            cleared = delete_predicates(var, EDGE_INVALIDATION, values)
             up.mutations.append(Mutation(nquads(f"uid({var})", values, ends), once, cleared))
         for n, event_id in enumerate(erasure.event_ids):
             var = f"ev{n}"
             up.blocks.append(f"{var} as var(func: eq(event.id, {p.add(event_id)})) @filter(eq(event.user, $u))")
-            marker: Values = {
-                "dgraph.type": "AppliedEvent",
-                "event.id": event_id,
-                "event.user": user,
-                "event.change_set": erasure.forget_id,
-                "event.forgotten": "true",
-            }
+            marker = applied_event(user, event_id, erasure.forget_id, forgotten=True)
             up.mutations.append(Mutation(nquads(f"uid({var})", marker), once))
     record: Values = {
         "dgraph.type": "ForgetRecord",
@@ -137,5 +117,5 @@ def kv_forget_upsert(user_id: str, event_ids: Sequence[str] | None) -> Upsert:
         events = up.params.many([*event_ids, NO_EVENTS])
         up.blocks.append(f"gone as var(func: eq(kv.user, $u)) @filter(eq(kv.events, {events}))")
     up.blocks.append("removed(func: uid(gone)) { count(uid) }")
-    up.mutations.append(Mutation(deletes=[_delete_all("gone")]))
+    up.mutations.append(Mutation(deletes=[delete_node("gone")]))
     return up

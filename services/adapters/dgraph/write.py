@@ -16,7 +16,7 @@ a JSON mutation could point a write at another node. An N-Quad's ``str_val`` is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,30 @@ def nquads(subject: str, values: Values, links: Mapping[str, str] | None = None)
     for predicate, target in (links or {}).items():
         out.append(api.NQuad(subject=subject, predicate=predicate, object_id=target))
     return out
+
+
+def delete_node(var: str) -> api.NQuad:
+    """Every predicate of the nodes in ``var`` (``S * *``)."""
+    return api.NQuad(subject=f"uid({var})", predicate=STAR, object_value=api.Value(default_val=STAR))
+
+
+def delete_predicates(var: str, names: Sequence[str], keep: Container[str] = ()) -> list[api.NQuad]:
+    """``S P *`` for each of ``names`` not in ``keep`` (the values being written): a field set back to none."""
+    star = api.Value(default_val=STAR)
+    return [api.NQuad(subject=f"uid({var})", predicate=name, object_value=star) for name in names if name not in keep]
+
+
+def applied_event(user_id: str, event_id: str, change_set_id: str, forgotten: bool = False) -> Values:
+    """An applied-event node; ``forgotten``: the event's memory was erased (known, so it is never applied again)."""
+    values: Values = {
+        "dgraph.type": "AppliedEvent",
+        "event.id": event_id,
+        "event.user": user_id,
+        "event.change_set": change_set_id,
+    }
+    if forgotten:
+        values["event.forgotten"] = "true"
+    return values
 
 
 @dataclass
@@ -164,10 +188,7 @@ def change_set_upsert(change_set: ChangeSet) -> ChangeSetUpsert:
             # store's _REVALIDATE_EDGE); one about an earlier time leaves it as it is
             until = p.add(dt_text(edge.t_valid) or "")
             up.blocks.append(f"rv{n} as var(func: uid(e{n})) @filter(le(edge.t_invalid, {until}))")
-            star = api.Value(default_val=STAR)
-            cleared = [
-                api.NQuad(subject=f"uid(rv{n})", predicate=name, object_value=star) for name in EDGE_INVALIDATION
-            ]
+            cleared = delete_predicates(f"rv{n}", EDGE_INVALIDATION)
             up.mutations.append(Mutation(cond=f"@if(gt(len(rv{n}), 0){guard})", deletes=cleared))
     if edges_found:
         up.blocks.append(f"edges_before(func: uid({', '.join(edges_found)})) {{ edge.id }}")
@@ -231,12 +252,7 @@ def events_upsert(
     for n, event_id in enumerate(dict.fromkeys(event_ids)):
         var = f"m{n}"
         up.blocks.append(f"{var} as var(func: eq(event.id, {up.params.add(event_id)})) @filter(eq(event.user, $u))")
-        values: Values = {
-            "dgraph.type": "AppliedEvent",
-            "event.id": event_id,
-            "event.user": user_id,
-            "event.change_set": change_set_id,
-        }
+        values = applied_event(user_id, event_id, change_set_id)
         up.mutations.append(Mutation(nquads(f"uid({var})", values), f"@if(eq(len({var}), 0))"))
     return up
 
@@ -246,8 +262,7 @@ def announced_upsert(user_id: str, change_set_ids: Sequence[str]) -> Upsert:
     up = Upsert(Params(user_id))
     ids = up.params.many(change_set_ids)
     up.blocks.append(f"done as var(func: eq(announce.id, {ids})) @filter(eq(announce.user, $u))")
-    star = api.Value(default_val=STAR)
-    up.mutations.append(Mutation(deletes=[api.NQuad(subject="uid(done)", predicate=STAR, object_value=star)]))
+    up.mutations.append(Mutation(deletes=[delete_node("done")]))
     return up
 
 
@@ -268,9 +283,6 @@ def delete_user_upsert(user_id: str) -> Upsert:
         "pas as var(func: eq(announce.user, $u))",
         "fs as var(func: eq(forget.user, $u))",
     ]
-    star = api.Value(default_val=STAR)
-    deletes = [
-        api.NQuad(subject=f"uid({var})", predicate=STAR, object_value=star) for var in ("vs", "es", "evs", "pas", "fs")
-    ]
+    deletes = [delete_node(var) for var in ("vs", "es", "evs", "pas", "fs")]
     up.mutations.append(Mutation(deletes=deletes))
     return up
