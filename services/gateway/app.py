@@ -62,7 +62,6 @@ from streams.topics import TopicNames, ensure_topics
 log = get_logger(__name__)
 
 GATEWAY_EVENTS = Counter("memstream_gateway_events_total", "Events accepted by the gateway", ["kind"])
-GATEWAY_REJECTED = Counter("memstream_gateway_rejected_total", "Requests rejected as invalid", ["route"])
 
 StatsReader = Callable[[str], Awaitable[Stats]]
 AppliedReader = Callable[[str, Sequence[str]], Awaitable[set[str]]]
@@ -105,11 +104,6 @@ class Accepted(BaseModel):
 
 class QueryAccepted(BaseModel):
     query_id: str
-
-
-def _invalid(route: str, exc: inputs.InvalidInput) -> JSONResponse:
-    GATEWAY_REJECTED.labels(route=route).inc()
-    return JSONResponse(status_code=exc.status, content={"detail": str(exc), "errors": exc.errors})
 
 
 def create_app(
@@ -253,7 +247,7 @@ def create_app(
         try:
             events = parse(await inputs.json_body(request))
         except inputs.InvalidInput as exc:
-            return _invalid(route, exc)
+            return inputs.invalid_response(route, exc)
         await produce(topic, events)
         GATEWAY_EVENTS.labels(kind=kind).inc(len(events))
         return Accepted(accepted=len(events), event_ids=[e.event_id for e in events])
@@ -275,7 +269,7 @@ def create_app(
                 await inputs.json_body(request)
             )
         except inputs.InvalidInput as exc:
-            return _invalid("questions", exc)
+            return inputs.invalid_response("questions", exc)
         bind(query_id=query.query_id, user_id=query.user_id, event_id=query.event_id)
         await produce(topics.queries, [query])
         GATEWAY_EVENTS.labels(kind="query").inc()
@@ -294,7 +288,7 @@ def create_app(
         try:
             inputs.check_user_id(user_id)
         except inputs.InvalidInput as exc:
-            return _invalid("stats", exc)
+            return inputs.invalid_response("stats", exc)
         principal.check_user(user_id)
         return await read_stats(user_id)
 

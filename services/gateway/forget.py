@@ -484,7 +484,7 @@ def forget_router(book: ForgetBook, produce: Produce, limiter: RateLimiter) -> A
                 await inputs.json_body(request)
             )
         except inputs.InvalidInput as exc:
-            return JSONResponse(status_code=exc.status, content={"detail": str(exc), "errors": exc.errors})
+            return inputs.invalid_response("forget", exc)
         entry = book.sent(forget)
         for topic in entry.topics:
             await produce(topic, [forget])

@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
+from prometheus_client import Counter
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from schemas.events import ChatMessage, Document, Forget, Query, UserId
@@ -32,6 +34,15 @@ class InvalidInput(ValueError):
         super().__init__(message)
         self.errors = errors or []
         self.status = status
+
+
+GATEWAY_REJECTED = Counter("memstream_gateway_rejected_total", "Requests rejected as invalid", ["route"])
+
+
+def invalid_response(route: str, exc: InvalidInput) -> JSONResponse:
+    """The 4xx of a rejected request, counted by route."""
+    GATEWAY_REJECTED.labels(route=route).inc()
+    return JSONResponse(status_code=exc.status, content={"detail": str(exc), "errors": exc.errors})
 
 
 def _items(body: Any, what: str) -> list[dict[str, Any]]:
