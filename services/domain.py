@@ -7,6 +7,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: object prop of an alias record: the id of the object this name was merged into (``services.memorize.entities``)
+ALIAS_OF = "alias_of"
+
 
 class VertexKind(StrEnum):
     OBJECT = "object"  # an entity
@@ -72,6 +75,11 @@ class Vertex(BaseModel):
         if self.kind is VertexKind.THESIS and self.t_valid is not None:
             return f"[{self.t_valid.date().isoformat()}] {self.name}"
         return self.name
+
+    @property
+    def alias_of(self) -> str | None:
+        """For an alias record (an object vertex named as the user once said it), the object it stands for."""
+        return self.props.get(ALIAS_OF) if self.kind is VertexKind.OBJECT else None
 
 
 class Edge(BaseModel):
