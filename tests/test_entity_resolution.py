@@ -9,6 +9,7 @@ Real stores and embedder; the LLM is a scripted double: extraction from a table 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Iterable
@@ -77,6 +78,7 @@ class Judge:
 
     accept: set[frozenset[str]]
     broken: bool = False
+    skip: bool = False  # answer no pair at all
     asked: list[list[tuple[str, str]]] = field(default_factory=list)
 
     def __call__(self, request: LLMRequest) -> dict[str, Any] | str:
@@ -85,6 +87,8 @@ class Judge:
         if self.broken:
             return "no idea"
         verdicts = ["same" if frozenset(p) in self.accept else "different" for p in pairs]
+        if self.skip:
+            return {"pairs": []}
         return {"pairs": [{"p": n, "verdict": v} for n, v in enumerate(verdicts, start=1)]}
 
 
@@ -213,6 +217,15 @@ async def test_a_near_name_the_model_rejects_stays_apart(open_memory: Any) -> No
     assert await memory.theses_of("Mario") == ["Mario fixes motorbikes."]
 
 
+async def test_a_pair_the_model_skips_is_not_merged(open_memory: Any) -> None:
+    memory = await open_memory("skipped")
+    memory.judge.skip = True
+    await memory.said([chat(1, "Melanie paints landscapes.")], [chat(2, "Mel went camping at Lake Tahoe.")])
+    assert memory.judge.asked == [[("Mel", "Melanie")]]
+    assert await memory.theses_of("Mel") == ["Mel went camping at Lake Tahoe."]
+    assert (await memory.store.find_objects(ADA, ["mel"]))["mel"].alias_of is None
+
+
 async def test_names_equal_after_light_normalisation_merge_without_a_call(open_memory: Any) -> None:
     memory = await open_memory("clear")
     await memory.said([chat(1, "Dana volunteers at St. Mary's.")], [chat(2, "Dana met Theo at St Marys.")])
@@ -318,3 +331,36 @@ async def test_an_alias_said_twice_outlives_forgetting_one_of_them(open_memory: 
     )
     assert (await memory.store.find_objects(ADA, ["mel"]))["mel"].alias_of == ids.object_id(ADA, "Melanie")
     assert await memory.theses_of("Melanie") == ["Mel bought a kayak.", "Melanie paints landscapes."]
+
+
+async def test_the_cli_unmerges_an_alias(
+    tmp_path: Path, embedder: MiniLMEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from memstream.cli import app
+
+    settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
+    store = await SqliteMemoryStore.open(settings.store_path, dim=embedder.dim)
+    llm = ScriptedLLM({"extract": extract, "same_entity": Judge(set(ACCEPT))})
+    memorize = MemorizeService(store, llm, embedder, settings)
+    for batch in ([chat(1, "Melanie paints landscapes.")], [chat(2, "Mel went camping at Lake Tahoe.")]):
+        await memorize.memorize(batch)
+    await store.close()
+    monkeypatch.setenv("MEMSTREAM_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("MEMSTREAM_STORE", "sqlite")
+    runner = CliRunner()
+    done = await asyncio.to_thread(runner.invoke, app, ["entities", "unmerge", ADA, "Mel"])
+    assert done.exit_code == 0, done.output
+    assert "1 fact(s) moved" in done.output
+    again = await asyncio.to_thread(runner.invoke, app, ["entities", "unmerge", ADA, "Mel"])
+    assert again.exit_code == 1 and "no merged alias" in again.output
+    store = await SqliteMemoryStore.open(settings.store_path, dim=embedder.dim)
+    try:
+        mel = (await store.find_objects(ADA, ["mel"]))["mel"]
+        assert mel.alias_of is None
+        assert [t.end.name for t in await store.neighbors(ADA, [mel.id], [EdgeKind.THESIS])] == [
+            "Mel went camping at Lake Tahoe."
+        ]
+    finally:
+        await store.close()
