@@ -229,7 +229,8 @@ class Erasure(BaseModel):
     ``put_vertices``/``put_edges`` replace kept items whole: a thesis a removed thesis had invalidated is valid
     again, and a kept item whose first source was forgotten takes its times from the next one. ``event_ids`` are
     recorded as forgotten (a replay or a redelivery of one of them memorizes nothing), and ``outcome`` (the
-    MemoryForgotten JSON) is kept under ``forget_id`` so a replayed tombstone announces the same thing again."""
+    MemoryForgotten JSON) is kept under ``forget_id`` so a replayed tombstone announces the same thing again.
+    Undoing an entity merge (``services.memorize.unmerge``) rewrites memory through it too, with no events."""
 
     model_config = ConfigDict(extra="forbid")
 

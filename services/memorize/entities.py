@@ -43,6 +43,8 @@ log = get_logger(__name__)
 _TASK = SameEntityTask()
 #: dense and lexical hits per new name the candidates are drawn from
 _POOL = 10
+#: pairs one confirmation call judges at most (its answer stays within the task's token limit); the best first
+MAX_PAIRS = 40
 
 
 def light_key(name: str) -> str:
@@ -186,6 +188,10 @@ class EntityResolver:
         """ONE call for the batch's ambiguous pairs: verdicts by (name key, target key); none if it failed."""
         if not pairs:
             return {}, 0
+        if len(pairs) > MAX_PAIRS:  # the rest stay apart this time; a later mention asks again
+            metrics.ENTITY_PAIRS.labels("not_asked").inc(len(pairs) - MAX_PAIRS)
+            log.info("entity_pairs_over_limit", user_id=user_id, pairs=len(pairs), asked=MAX_PAIRS)
+            pairs = sorted(pairs, key=lambda p: -p.rank)[:MAX_PAIRS]
         shown = await self._contexts(user_id, pairs, context)
         task_input = [NamePair(p.said, context[p.key], p.shown, shown[p.target.key]) for p in pairs]
         try:

@@ -70,7 +70,7 @@ def _quoted(text: str) -> str:
 class SameEntityTask(LLMTask[SameEntityOut, list[Verdict]]):
     name = "same_entity"
     output_model = SameEntityOut
-    max_tokens = 512
+    max_tokens = 768  # about 12 tokens a pair: ``entities.MAX_PAIRS`` pairs fit
 
     def messages(self, inputs: list[NamePair]) -> list[LLMMessage]:
         lines = [
