@@ -74,7 +74,8 @@ def extract(request: LLMRequest) -> dict[str, Any]:
 
 @dataclass
 class Judge:
-    """The ``same_entity`` double: "same" for the accepted pairs; ``broken``: an answer off the contract."""
+    """The ``same_entity`` double: a nickname for the accepted pairs, else another entity; ``broken``: an answer
+    off the contract."""
 
     accept: set[frozenset[str]]
     broken: bool = False
@@ -86,7 +87,7 @@ class Judge:
         self.asked.append(pairs)
         if self.broken:
             return "no idea"
-        verdicts = ["same" if frozenset(p) in self.accept else "different" for p in pairs]
+        verdicts = ["nickname" if frozenset(p) in self.accept else "other" for p in pairs]
         if self.skip:
             return {"pairs": []}
         return {"pairs": [{"p": n, "verdict": v} for n, v in enumerate(verdicts, start=1)]}

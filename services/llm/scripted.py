@@ -127,8 +127,8 @@ _NAMES = re.compile(r'^\[(\d+)\] A: "(.*)" \(.*\)\n\s+B: "(.*)" \(.*\)$', re.MUL
 
 
 def rule_same_entity(request: LLMRequest) -> dict[str, Any]:
-    """Stand-in for the ``same_entity`` task: "same" when one name's words start the other's ("Mel" / "Melanie"),
-    else "different"."""
+    """Stand-in for the ``same_entity`` task: a nickname when one name's words start the other's ("Mel" /
+    "Melanie"), else another entity."""
     pairs = []
     for number, a, b in _NAMES.findall(request.messages[-1].content):
         short, long = sorted((_WORD.findall(a.lower()), _WORD.findall(b.lower())), key=len)
@@ -137,7 +137,7 @@ def rule_same_entity(request: LLMRequest) -> dict[str, Any]:
             and len(short) == len(long)
             and all(y.startswith(x) or x.startswith(y) for x, y in zip(short, long, strict=True))
         )
-        pairs.append({"p": int(number), "verdict": "same" if same else "different"})
+        pairs.append({"p": int(number), "verdict": "nickname" if same else "other"})
     return {"pairs": pairs}
 
 

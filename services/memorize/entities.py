@@ -10,7 +10,8 @@ For every entity name of the new facts that has no object of this user yet:
   ``entity_min_similarity``: "mom" / "mother");
 - a pair equal after a light normalisation (case, accents, punctuation, spacing: "St. Mary's" / "St Marys") merges
   without a call; the rest, at most ``entity_candidates`` per name, are judged by ONE ``same_entity`` call per
-  batch. A pair the model skips, or a failed call (counted and logged), merges nothing.
+  batch. A pair the model skips, or a failed call (counted and logged), merges nothing. A name left apart is an
+  object of its own from then on: its later mentions match it exactly and are not asked about again.
 
 A merged fact names the canonical object as its subject or object (its text keeps its own words) and records the
 alias it was said with (``Fact.subject_alias``/``object_alias``, thesis props of the same names); the builder writes
@@ -188,7 +189,7 @@ class EntityResolver:
         """ONE call for the batch's ambiguous pairs: verdicts by (name key, target key); none if it failed."""
         if not pairs:
             return {}, 0
-        if len(pairs) > MAX_PAIRS:  # the rest stay apart this time; a later mention asks again
+        if len(pairs) > MAX_PAIRS:  # the least alike stay apart (counted): a batch this full of new names is rare
             metrics.ENTITY_PAIRS.labels("not_asked").inc(len(pairs) - MAX_PAIRS)
             log.info("entity_pairs_over_limit", user_id=user_id, pairs=len(pairs), asked=MAX_PAIRS)
             pairs = sorted(pairs, key=lambda p: -p.rank)[:MAX_PAIRS]
@@ -198,7 +199,7 @@ class EntityResolver:
             with llm_scope(user_id):  # it reads known theses: filed under the user's memory at large
                 result = await run_task(self.llm, _TASK, task_input, attempts=self.settings.extraction_attempts)
         except (TaskFailed, ConnectionError, TimeoutError) as exc:  # the model is down, stalled or off-contract
-            # nothing merges: two objects for one entity is repaired later, one object for two is not
+            # nothing merges: two objects for one entity lose no fact, one object for two people mixes theirs
             metrics.ENTITY_PAIRS.labels("failed").inc(len(pairs))
             metrics.EXTRACTION_FAILURES.labels(reason="entity_confirm_failed").inc()
             log.warning("entity_confirm_failed_not_merged", user_id=user_id, pairs=len(pairs), error=str(exc))
