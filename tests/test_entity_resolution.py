@@ -51,6 +51,9 @@ FACTS = {
     "Rosalin moved to Lyon.": ("Rosalin", "moved to", "Lyon"),
     "Dana's mother grows tomatoes.": ("Dana's mother", "grows", "tomatoes"),
     "Dana's mom retired last spring.": ("Dana's mom", "retired", ""),
+    "My mother grows tomatoes.": ("my mother", "grows", "tomatoes"),
+    "My mom retired last spring.": ("my mom", "retired", ""),
+    "My mom bakes bread.": ("my mom", "bakes", "bread"),
     "Maria owns a bakery.": ("Maria", "owns", "bakery"),
     "Mario fixes motorbikes.": ("Mario", "fixes", "motorbikes"),
     "Dana volunteers at St. Mary's.": ("Dana", "volunteers at", "St. Mary's"),
@@ -98,12 +101,12 @@ def embedder() -> MiniLMEmbedder:
     return MiniLMEmbedder()
 
 
-def chat(n: int, text: str, user: str = ADA) -> ChatMessage:
+def chat(n: int, text: str, user: str = ADA, speaker: str = "Dana") -> ChatMessage:
     return ChatMessage(
         event_id=f"{user}-m{n}",
         user_id=user,
         conversation_id="c1",
-        speaker="Dana",
+        speaker=speaker,
         text=text,
         event_time=T0 + timedelta(minutes=n),
         ingest_time=INGEST + timedelta(seconds=n),
@@ -206,6 +209,23 @@ async def test_spelling_variant_and_possessive_in_one_call(open_memory: Any) -> 
         "Dana's mom retired last spring.",
         "Dana's mother grows tomatoes.",
     ]
+
+
+async def test_my_mom_is_the_speakers_mother(open_memory: Any) -> None:
+    """A possessive said in the first person names the speaker's relative: Dana's "my mom" joins Dana's mother
+    (confirmed like any variant), Eli's "my mom" is another person."""
+    memory = await open_memory("possessive")
+    await memory.said(
+        [chat(1, "My mother grows tomatoes.")],
+        [chat(2, "My mom retired last spring."), chat(3, "My mom bakes bread.", speaker="Eli")],
+    )
+    assert await memory.theses_of("Dana's mother") == [
+        "Dana's mom retired last spring.",
+        "Dana's mother grows tomatoes.",
+    ]
+    assert await memory.theses_of("Eli's mom") == ["Eli's mom bakes bread."]
+    assert "my mom" not in await memory.store.find_objects(ADA, ["my mom", "my mother"])
+    assert len(memory.judge.asked) == 1
 
 
 async def test_a_near_name_the_model_rejects_stays_apart(open_memory: Any) -> None:
