@@ -7,6 +7,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.validity import in_gap
+
 
 class VertexKind(StrEnum):
     OBJECT = "object"  # an entity
@@ -65,7 +67,7 @@ class Vertex(BaseModel):
             return self.t_invalid is None
         if self.t_valid is not None and self.t_valid > when:
             return False
-        return self.t_invalid is None or self.t_invalid > when
+        return (self.t_invalid is None or self.t_invalid > when) and not in_gap(self.props, when)
 
     @property
     def text(self) -> str:
@@ -93,12 +95,13 @@ class Edge(BaseModel):
     invalidated_by: str | None = None
 
     def valid_at(self, when: datetime | None) -> bool:
-        """True if this edge held at ``when`` (``None``: now, i.e. not invalidated)."""
+        """True if this edge held at ``when`` (``None``: now, i.e. not invalidated). An edge that ended and was
+        stated again later did not hold in between (``services.validity``)."""
         if when is None:
             return self.t_invalid is None
         if self.t_valid is not None and self.t_valid > when:
             return False
-        return self.t_invalid is None or self.t_invalid > when
+        return (self.t_invalid is None or self.t_invalid > when) and not in_gap(self.props, when)
 
 
 class Triplet(BaseModel):
@@ -156,6 +159,16 @@ class ChangeSet(BaseModel):
     edge_invalidations: list[EdgeInvalidation] = Field(default_factory=list)
     llm_calls: int = 0
     event_time: datetime | None = Field(default=None, description="The latest event time of its events.")
+
+    def restated_theses(self) -> list[Vertex]:
+        """The theses it writes that hold from their ``t_valid``, not invalidated on arrival: one the store already
+        has ended at or before then holds again (``services.validity.reopened``)."""
+        invalidated = {inv.thesis_id for inv in self.invalidations}
+        return [
+            v
+            for v in self.vertices
+            if v.kind is VertexKind.THESIS and v.t_invalid is None and v.t_valid is not None and v.id not in invalidated
+        ]
 
 
 class Announcement(BaseModel):

@@ -9,12 +9,14 @@ are those of tests/test_forget_memory.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import apsw
 
+from schemas.events import ForgetScope
 from services import ids
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, Edge, EdgeKind, Triplet, Vertex, VertexKind
@@ -23,6 +25,7 @@ from services.memorize.builder import ChangeSetBuilder, KnownRef, Source
 from services.memorize.extraction import Fact, ItemFacts
 from services.retrieval.base import RetrievalRequest
 from services.retrieval.registry import get_retriever
+from services.validity import GAPS, Gap, held, holes, reopened, without_gaps_by
 from tests import test_forget_memory
 from tests.test_forget_memory import Memory, chat
 from tests.test_retrievers import ALL
@@ -33,6 +36,8 @@ open_memory = test_forget_memory.open_memory
 
 SIEMENS, ST_MARYS = chat(1, "I work at Siemens."), chat(2, "I work at St. Mary's.")
 BETWEEN = SIEMENS.event_time + timedelta(seconds=30)  # after the first was said, before the second
+SIEMENS_AGAIN = chat(3, "I work at Siemens.")  # back at Siemens: the same thesis, said again
+GAP = ST_MARYS.event_time + timedelta(seconds=30)  # at St. Mary's, before Ada went back to Siemens
 
 
 def relation(user: str, place: str) -> str:
@@ -63,10 +68,11 @@ def places(triplets: list[Triplet]) -> set[str]:
     return {p for p in ("Siemens", "St. Mary's") if any(p in t.text for t in triplets)}
 
 
-async def check_every_retriever(memory: Memory) -> None:
+async def check_every_retriever(memory: Memory, expected: Sequence[tuple[datetime | None, set[str]]] = ()) -> None:
+    """Each retriever sees what held at each time (default: St. Mary's now, Siemens between the two messages)."""
     for name in ALL:
-        assert places(await retrieve(memory, name, None)) == {"St. Mary's"}, name
-        assert places(await retrieve(memory, name, BETWEEN)) == {"Siemens"}, name
+        for as_of, held in expected or [(None, {"St. Mary's"}), (BETWEEN, {"Siemens"})]:
+            assert places(await retrieve(memory, name, as_of)) == held, (name, as_of)
 
 
 async def test_an_update_ends_the_relation_edge_of_the_old_state(open_memory: Any) -> None:
@@ -172,3 +178,46 @@ async def test_an_older_file_gains_the_edge_columns_on_open(tmp_path: Path) -> N
         assert edge.relation == "knows" and edge.t_invalid is None and edge.valid_at(None)
     columns = {str(row[1]) for row in apsw.Connection(str(path)).execute("PRAGMA table_info(edges)")}
     assert {"t_expired", "t_invalid", "invalidated_by"} <= columns
+
+
+async def test_a_state_stated_again_after_it_ended_did_not_hold_in_between(open_memory: Any) -> None:
+    """Siemens, St. Mary's, Siemens again: the Siemens thesis and edge hold again, and ``as_of`` the St. Mary's
+    time sees them ended (the gap), for every retriever, the QA filter's ``valid_at`` and the neighbourhood."""
+    memory = await open_memory("again")
+    await memory.said([SIEMENS, ST_MARYS, SIEMENS_AGAIN])
+    [current] = await memory.store.valid_theses("ada")
+    assert "Siemens" in current.name and current.t_invalid is None
+    assert current.valid_at(BETWEEN) and not current.valid_at(GAP) and current.valid_at(SIEMENS_AGAIN.event_time)
+    siemens, st_marys = await edge(memory, "Siemens"), await edge(memory, "St. Mary's")
+    assert siemens.t_invalid is None and siemens.valid_at(None) and siemens.valid_at(BETWEEN)
+    assert not siemens.valid_at(GAP) and siemens.valid_at(SIEMENS_AGAIN.event_time)
+    assert st_marys.valid_at(GAP) and not st_marys.valid_at(None)
+    await check_every_retriever(memory, [(None, {"Siemens"}), (BETWEEN, {"Siemens"}), (GAP, {"St. Mary's"})])
+    ada = ids.object_id("ada", "Ada")
+    then = {e.id for e in (await neighbourhood(memory.store, "ada", [ada], per_vertex=50, as_of=GAP)).edges}
+    assert relation("ada", "Siemens") not in then and relation("ada", "St. Mary's") in then
+    # a replay of the whole conversation changes nothing
+    before = await memory.snapshot()
+    await memory.said([SIEMENS, ST_MARYS, SIEMENS_AGAIN])
+    assert await memory.snapshot() == before
+
+
+async def test_forgetting_the_state_in_between_closes_the_gap(open_memory: Any) -> None:
+    memory = await open_memory("closed")
+    await memory.said([SIEMENS, ST_MARYS, SIEMENS_AGAIN])
+    await memory.forget.forget(test_forget_memory.tombstone(ForgetScope.MESSAGE, ST_MARYS.event_id), "chat")
+    [current] = await memory.store.valid_theses("ada")
+    siemens = await edge(memory, "Siemens")
+    assert "Siemens" in current.name and current.valid_at(GAP) and GAPS not in current.props
+    assert siemens.valid_at(GAP) and siemens.valid_at(None) and GAPS not in siemens.props
+    await check_every_retriever(memory, [(None, {"Siemens"}), (GAP, {"Siemens"})])
+
+
+def test_an_edge_holds_exactly_while_one_of_its_staters_does() -> None:
+    t = [SIEMENS.event_time + timedelta(minutes=n) for n in range(6)]
+    assert holes([(t[0], t[1]), (t[3], None)]) == [Gap(t[1], t[3])]
+    assert holes([(t[0], t[2]), (t[1], t[3]), (t[4], t[5])]) == [Gap(t[3], t[4])]
+    assert holes([(t[0], None), (t[2], t[3])]) == []
+    props = reopened({}, t[1], t[3], "t_b")
+    assert held(t[0], None, props) == [(t[0], t[1]), (t[3], None)]
+    assert without_gaps_by(props, {"t_b"}) == {} and without_gaps_by(props, {"t_c"}) is None
