@@ -9,6 +9,7 @@ is about an earlier time and leaves Siemens current. Through ``ChangeSetBuilder`
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -23,8 +24,8 @@ from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import EdgeKind, Vertex, VertexKind
 from services.llm.scripted import ScriptedLLM
-from services.memorize.builder import ChangeSetBuilder, KnownRef, Source
-from services.memorize.extraction import Fact, ItemFacts
+from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis_text, validity
+from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts
 from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
 from services.memorize.when import resolve
@@ -67,6 +68,7 @@ def source(said: datetime, event_id: str = "m1", text: str = "text") -> Source:
 
 
 def fact(place: str, words: str, said: datetime, kind: str = "FACT", relation: str = "works at") -> Fact:
+    when = resolve(words, said, future=kind == "PREDICTION") if words else None
     return Fact(
         subject="Ada",
         text=f"Ada {relation} {place}.",
@@ -74,7 +76,8 @@ def fact(place: str, words: str, said: datetime, kind: str = "FACT", relation: s
         object=place,
         kind=kind,
         temporal="DYNAMIC",
-        when=resolve(words, said, future=kind == "PREDICTION") if words else None,
+        when=when,
+        unresolved=words if when is None else "",
     )
 
 
@@ -97,7 +100,10 @@ def test_the_builder_takes_validity_from_the_time_words(
     assert thesis.t_expired == (INGEST if t_invalid else None)
     assert episode.t_valid == said  # what was said when
     if words and "12" not in words:
-        assert thesis.props["when_text"] == words
+        assert thesis.props["when_text"] == words and "when_unresolved" not in thesis.props
+    if "12" in words:  # nothing said is lost: the words, in the props and (no date to show) in the text
+        assert thesis.props["when_unresolved"] == words and "when_text" not in thesis.props
+        assert thesis.name == 'Ada works at Paris (as said: "since I was 12").'
     edges = {e.id: e for e in cs.edges}
     edge = edges[relation_edge("ada", "Paris")]
     assert (edge.t_valid, edge.t_invalid, edge.invalidated_by) == (t_valid, t_invalid, None)
@@ -251,6 +257,9 @@ async def test_memorize_stores_the_validity_the_words_name(
     assert not outcome.dead_letters
     [thesis] = await theses(store, obj)
     assert (thesis.t_valid, thesis.t_invalid, thesis.invalidated_by) == (t_valid, t_invalid, None)
+    words = SCRIPT[text][2]
+    if resolve(words, said) is None:  # said, with no date the resolver can place: kept as said
+        assert thesis.props["when_unresolved"] == words and f'"{words}"' in thesis.name
     edge_id = relation_edge("caroline", obj, SCRIPT[text][0], subject="Caroline")
     edge = (await store.get_triplets("caroline", [edge_id]))[edge_id].edge
     assert (edge.t_valid, edge.t_invalid) == (t_valid, t_invalid)
@@ -314,3 +323,89 @@ async def test_forgetting_the_first_source_keeps_the_time_the_words_name(
     [kept] = await theses(store, "gym")
     assert kept.id == thesis.id and kept.props["event_id"] == "caroline-m2"
     assert kept.t_valid == day(2023, 5, 11)
+
+
+# --- the model-free fallback: the message's own time words when the model gave none ------------------------------
+
+# message, said at -> t_valid, t_invalid of its one fact (the model's ``when`` left empty)
+FALLBACK = [
+    ("I coached the team until June.", AUG, day(2023, 6, 1), day(2023, 7, 1)),  # ended, no start: June
+    ("I coached the team until June.", SAID, SAID, None),  # an end still to come
+    ("I coached the team till last Friday.", SAID, day(2023, 5, 5), day(2023, 5, 6)),
+    ("I coached the team up until 2020.", SAID, day(2020, 1, 1), day(2021, 1, 1)),
+    ("I coached the team from 2019 to 2021.", SAID, day(2019, 1, 1), day(2022, 1, 1)),
+    ("I coached the team from May to July.", AUG, day(2023, 5, 1), day(2023, 8, 1)),
+    ("I coached the team from June 2020 until March 2021.", SAID, day(2020, 6, 1), day(2021, 4, 1)),
+    ("I have coached the team since March 2020.", SAID, day(2020, 3, 1), None),  # since: it still holds
+    ("I have coached the team since last year.", SAID, day(2022, 1, 1), None),
+    ("I have coached the team since I was 12.", SAID, SAID, None),  # no date in it: the message time
+]
+
+
+@pytest.mark.parametrize(("text", "said", "t_valid", "t_invalid"), FALLBACK)
+def test_the_fallback_reads_until_from_to_and_since_in_the_message(
+    text: str, said: datetime, t_valid: datetime, t_invalid: datetime | None
+) -> None:
+    out = {
+        "messages": [
+            {
+                "m": 1,
+                "facts": [
+                    {
+                        "subject": "Ada",
+                        "fact": "Ada coached the team.",
+                        "relation": "coached",
+                        "object": "team",
+                        "when": "",
+                    }
+                ],
+            }
+        ]
+    }
+    [found] = ExtractTask().parse(json.dumps(out), ExtractionInput(items=[Item("Ada", text, said)]))
+    [checked] = found.facts
+    assert checked.unresolved == ""  # the model said no time words: nothing to keep
+    t_valid_found, t_invalid_found = validity(checked.when, checked.kind, said)
+    assert (t_valid_found, t_invalid_found) == (t_valid, t_invalid), checked.when
+
+
+@pytest.mark.parametrize(
+    ("words", "unresolved"),
+    [
+        ("since I was 12", "since I was 12"),  # said, and no date in it: kept
+        ("when I was a kid", "when I was a kid"),
+        ("in 2019", ""),  # not said in the message: the model's invention is not kept
+        ("", ""),
+    ],
+)
+def test_time_words_the_resolver_cannot_place_are_kept_with_the_fact(words: str, unresolved: str) -> None:
+    text = "I have coached the team since I was 12, when I was a kid."
+    out = {
+        "messages": [
+            {
+                "m": 1,
+                "facts": [
+                    {
+                        "subject": "Ada",
+                        "fact": "Ada has coached the team.",
+                        "relation": "coached",
+                        "object": "team",
+                        "when": words,
+                    }
+                ],
+            }
+        ]
+    }
+    [found] = ExtractTask().parse(json.dumps(out), ExtractionInput(items=[Item("Ada", text, SAID)]))
+    [checked] = found.facts
+    assert checked.when is None and checked.unresolved == unresolved
+    said_in_text = Fact(
+        "Ada",
+        "Ada has coached the team since she was 12.",
+        "coached",
+        "team",
+        "FACT",
+        "DYNAMIC",
+        unresolved="since she was 12",
+    )
+    assert thesis_text(said_in_text) == said_in_text.text  # the fact says them already: not twice
