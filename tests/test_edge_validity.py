@@ -71,8 +71,8 @@ def places(triplets: list[Triplet]) -> set[str]:
 async def check_every_retriever(memory: Memory, expected: Sequence[tuple[datetime | None, set[str]]] = ()) -> None:
     """Each retriever sees what held at each time (default: St. Mary's now, Siemens between the two messages)."""
     for name in ALL:
-        for as_of, held in expected or [(None, {"St. Mary's"}), (BETWEEN, {"Siemens"})]:
-            assert places(await retrieve(memory, name, as_of)) == held, (name, as_of)
+        for as_of, seen in expected or [(None, {"St. Mary's"}), (BETWEEN, {"Siemens"})]:
+            assert places(await retrieve(memory, name, as_of)) == seen, (name, as_of)
 
 
 async def test_an_update_ends_the_relation_edge_of_the_old_state(open_memory: Any) -> None:

@@ -34,9 +34,11 @@ from services.retrieval.base import RetrievalRequest
 from services.retrieval.registry import get_retriever
 from services.settings import Settings
 from tests import test_forget_memory
+from tests.contract.conftest import remote_addresses
 
 embedder = test_forget_memory.embedder
 
+USER = "when-caroline"  # this module's own user: the remote store is shared with other modules' tests
 SAID = datetime(2023, 5, 12, 15, 0, tzinfo=UTC)  # Friday 12 May 2023
 AUG = datetime(2023, 8, 20, 10, 0, tzinfo=UTC)
 INGEST = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -208,8 +210,8 @@ def resolve_pairs(request: LLMRequest) -> dict[str, Any]:
 
 def chat(n: int, text: str, said: datetime) -> ChatMessage:
     return ChatMessage(
-        event_id=f"caroline-m{n}",
-        user_id="caroline",
+        event_id=f"{USER}-m{n}",
+        user_id=USER,
         conversation_id="c1",
         speaker="Caroline",
         text=text,
@@ -218,17 +220,26 @@ def chat(n: int, text: str, said: datetime) -> ChatMessage:
     )
 
 
-@pytest.fixture
-async def memory(tmp_path: Path, embedder: MiniLMEmbedder) -> AsyncIterator[tuple[SqliteMemoryStore, MemorizeService]]:
-    store = await SqliteMemoryStore.open(tmp_path / "m.sqlite3", dim=embedder.dim)
+@pytest.fixture(params=["sqlite", pytest.param("remote", marks=pytest.mark.server)])
+async def memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: MiniLMEmbedder) -> AsyncIterator[Any]:
+    """A fresh memory, on SQLite (a file) or on the remote store (this module's user erased first)."""
+    store: Any
+    if request.param == "sqlite":
+        store = await SqliteMemoryStore.open(tmp_path / "m.sqlite3", dim=embedder.dim)
+    else:
+        from services.adapters.remote import RemoteMemoryStore
+
+        dgraph, http, grpc = remote_addresses()
+        store = await RemoteMemoryStore.open(dgraph, http, grpc, embedder.dim, prefix="MemstreamWhen")
+        await store.delete_user(USER)
     llm = ScriptedLLM({"extract": extract, "resolve": resolve_pairs}, model="scripted-when")
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
     yield store, MemorizeService(store, llm, embedder, settings)
     await store.close()
 
 
-async def theses(store: SqliteMemoryStore, obj: str) -> list[Vertex]:
-    found = await store.neighbors("caroline", [ids.object_id("caroline", obj)], [EdgeKind.THESIS])
+async def theses(store: Any, obj: str) -> list[Vertex]:
+    found = await store.neighbors(USER, [ids.object_id(USER, obj)], [EdgeKind.THESIS])
     return [t.end for t in found if t.end.kind is VertexKind.THESIS]
 
 
@@ -245,7 +256,7 @@ MEMORIZED = [
 
 @pytest.mark.parametrize(("text", "said", "obj", "t_valid", "t_invalid"), MEMORIZED)
 async def test_memorize_stores_the_validity_the_words_name(
-    memory: tuple[SqliteMemoryStore, MemorizeService],
+    memory: tuple[Any, MemorizeService],
     text: str,
     said: datetime,
     obj: str,
@@ -260,15 +271,15 @@ async def test_memorize_stores_the_validity_the_words_name(
     words = SCRIPT[text][2]
     if resolve(words, said) is None:  # said, with no date the resolver can place: kept as said
         assert thesis.props["when_unresolved"] == words and f'"{words}"' in thesis.name
-    edge_id = relation_edge("caroline", obj, SCRIPT[text][0], subject="Caroline")
-    edge = (await store.get_triplets("caroline", [edge_id]))[edge_id].edge
+    edge_id = relation_edge(USER, obj, SCRIPT[text][0], subject="Caroline")
+    edge = (await store.get_triplets(USER, [edge_id]))[edge_id].edge
     assert (edge.t_valid, edge.t_invalid) == (t_valid, t_invalid)
-    [episode] = await store.episodes("caroline", None)
+    [episode] = await store.episodes(USER, None)
     assert episode.t_valid == said
 
 
 async def test_a_later_message_about_an_earlier_time_does_not_supersede_the_newer_state(
-    memory: tuple[SqliteMemoryStore, MemorizeService],
+    memory: tuple[Any, MemorizeService],
 ) -> None:
     store, service = memory
     await service.memorize([chat(1, "I work at Siemens.", day(2023, 5, 10))])
@@ -277,13 +288,13 @@ async def test_a_later_message_about_an_earlier_time_does_not_supersede_the_newe
     assert siemens.t_invalid is None and siemens.valid_at(None)
     assert bosch.t_valid == day(2019, 1, 1)
     assert (bosch.t_invalid, bosch.invalidated_by) == (day(2023, 5, 10), siemens.id)
-    assert [v.id for v in await store.valid_theses("caroline")] == [siemens.id]
+    assert [v.id for v in await store.valid_theses(USER)] == [siemens.id]
     assert bosch.valid_at(day(2020, 6, 1)) and not siemens.valid_at(day(2020, 6, 1))
 
 
 @pytest.mark.parametrize("name", ["flat", "beamsearch"])
 async def test_as_of_sees_a_fact_from_the_day_its_words_name(
-    memory: tuple[SqliteMemoryStore, MemorizeService], embedder: MiniLMEmbedder, name: str
+    memory: tuple[Any, MemorizeService], embedder: MiniLMEmbedder, name: str
 ) -> None:
     store, service = memory
     await service.memorize([chat(1, "I went to the support group last weekend.", SAID)])
@@ -292,10 +303,10 @@ async def test_as_of_sees_a_fact_from_the_day_its_words_name(
 
     async def found(as_of: datetime) -> bool:
         request = RetrievalRequest(
-            user_id="caroline",
+            user_id=USER,
             query=query,
             query_vector=list(vector),
-            seeds=[ids.object_id("caroline", "Caroline")],
+            seeds=[ids.object_id(USER, "Caroline")],
             budget=20,
             as_of=as_of,
         )
@@ -308,7 +319,7 @@ async def test_as_of_sees_a_fact_from_the_day_its_words_name(
 
 
 async def test_forgetting_the_first_source_keeps_the_time_the_words_name(
-    memory: tuple[SqliteMemoryStore, MemorizeService], embedder: MiniLMEmbedder
+    memory: tuple[Any, MemorizeService], embedder: MiniLMEmbedder
 ) -> None:
     """Both messages date the gym to 11 May (one thesis, two sources): without the first, it still holds from
     11 May, not from when the second was said."""
@@ -318,10 +329,10 @@ async def test_forgetting_the_first_source_keeps_the_time_the_words_name(
     [thesis] = await theses(store, "gym")
     assert thesis.t_valid == day(2023, 5, 11)
     forget = ForgetService(store, store, store, embedder)
-    tombstone = test_forget_memory.tombstone(ForgetScope.MESSAGE, "caroline-m1", user="caroline")
+    tombstone = test_forget_memory.tombstone(ForgetScope.MESSAGE, f"{USER}-m1", user=USER)
     await forget.forget(tombstone, "chat")
     [kept] = await theses(store, "gym")
-    assert kept.id == thesis.id and kept.props["event_id"] == "caroline-m2"
+    assert kept.id == thesis.id and kept.props["event_id"] == f"{USER}-m2"
     assert kept.t_valid == day(2023, 5, 11)
 
 
