@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.validity import in_gap
+from services.validity import held, holes, in_gap, with_gaps
 
 
 class VertexKind(StrEnum):
@@ -102,6 +103,20 @@ class Edge(BaseModel):
         if self.t_valid is not None and self.t_valid > when:
             return False
         return (self.t_invalid is None or self.t_invalid > when) and not in_gap(self.props, when)
+
+    def stated_by(self, staters: Sequence[Vertex]) -> Edge:
+        """This relation edge with the validity the theses stating it give it: valid while one of them is,
+        otherwise ended when the last of them was (as ``ChangeSetBuilder`` ends it when it invalidates its last
+        valid stater), and not holding between their times (its gaps, ``services.validity``)."""
+        between = holes(i for v in staters for i in held(v.t_valid, v.t_invalid, v.props))
+        props = with_gaps(self.props, between)
+        if any(v.t_invalid is None for v in staters):
+            return self.model_copy(
+                update={"t_invalid": None, "t_expired": None, "invalidated_by": None, "props": props}
+            )
+        last = max(staters, key=lambda v: (v.t_expired is not None, v.t_expired, v.t_invalid, v.id))
+        ended = {"t_invalid": last.t_invalid, "t_expired": last.t_expired, "invalidated_by": last.invalidated_by}
+        return self.model_copy(update={**ended, "props": props})
 
 
 class Triplet(BaseModel):

@@ -9,6 +9,7 @@ are those of tests/test_forget_memory.py.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -221,3 +222,66 @@ def test_an_edge_holds_exactly_while_one_of_its_staters_does() -> None:
     props = reopened({}, t[1], t[3], "t_b")
     assert held(t[0], None, props) == [(t[0], t[1]), (t[3], None)]
     assert without_gaps_by(props, {"t_b"}) == {} and without_gaps_by(props, {"t_c"}) is None
+
+
+def old_file(path: Path) -> None:
+    """A file as schema "1" first wrote it (edges without validity columns) with Ada's Siemens and St. Mary's
+    theses: Siemens invalidated by St. Mary's, both relation edges valid as the old code left them."""
+    conn = apsw.Connection(str(path))
+    for column in ("t_expired", "t_invalid", "invalidated_by"):
+        conn.execute(f"ALTER TABLE edges DROP COLUMN {column}")
+    conn.execute("DELETE FROM meta WHERE key = 'edge_validity_derived'")  # older code did not record it
+    said = {"Siemens": SIEMENS, "St. Mary's": ST_MARYS}
+    for place, message in said.items():
+        props = json.dumps({"subject": "Ada", "relation": "works at", "object": place, "event_id": message.event_id})
+        ended = (ST_MARYS.event_time.isoformat(), ST_MARYS.ingest_time.isoformat(), "t_st_marys")
+        conn.execute(
+            "INSERT INTO vertices (id, user_id, kind, name, props, t_valid, t_invalid, t_expired, invalidated_by) "
+            "VALUES (?, 'ada', 'thesis', ?, ?, ?, ?, ?, ?)",
+            (
+                f"t_{place}",
+                f"Ada works at {place}.",
+                props,
+                message.event_time.isoformat(),
+                *(ended if place == "Siemens" else (None, None, None)),
+            ),
+        )
+        conn.execute(
+            "INSERT INTO edges (id, user_id, kind, source, target, relation, props, t_valid) "
+            "VALUES (?, 'ada', 'relation', ?, ?, 'works at', '{}', ?)",
+            (
+                relation("ada", place),
+                ids.object_id("ada", "Ada"),
+                ids.object_id("ada", place),
+                message.event_time.isoformat(),
+            ),
+        )
+    for name in ("Ada", "Siemens", "St. Mary's"):
+        conn.execute(
+            "INSERT INTO vertices (id, user_id, kind, name, props) VALUES (?, 'ada', 'object', ?, '{}')",
+            (ids.object_id("ada", name), name),
+        )
+    conn.close()
+
+
+async def test_an_older_file_derives_its_relation_edges_validity_from_their_staters_once(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    await (await SqliteMemoryStore.open(path, dim=4)).close()
+    old_file(path)
+    async with await SqliteMemoryStore.open(path, dim=4) as store:
+        ended = await store.get_triplets("ada", [relation("ada", "Siemens"), relation("ada", "St. Mary's")])
+    siemens, st_marys = ended[relation("ada", "Siemens")].edge, ended[relation("ada", "St. Mary's")].edge
+    assert (siemens.t_invalid, siemens.t_expired, siemens.invalidated_by) == (
+        ST_MARYS.event_time,
+        ST_MARYS.ingest_time,
+        "t_st_marys",
+    )
+    assert siemens.valid_at(BETWEEN) and not siemens.valid_at(None)
+    assert st_marys.t_invalid is None and st_marys.valid_at(None)
+    # recorded: a later open does not derive again (an edge set valid since, by whatever means, stays so)
+    conn = apsw.Connection(str(path))
+    conn.execute("UPDATE edges SET t_invalid = NULL, t_expired = NULL, invalidated_by = NULL")
+    conn.close()
+    async with await SqliteMemoryStore.open(path, dim=4) as store:
+        again = (await store.get_triplets("ada", [relation("ada", "Siemens")]))[relation("ada", "Siemens")].edge
+    assert again.t_invalid is None

@@ -30,7 +30,7 @@ from services.logging import get_logger
 from services.memorize.builder import MERGED, ChangeSetBuilder, Source, merged_facts, valid_from_props
 from services.memorize.extraction import Fact, ItemFacts
 from services.ports import Embedder, ForgetStore, GraphStore, KeyValueCache, VectorItem
-from services.validity import held, holes, with_gaps, without_gaps_by
+from services.validity import without_gaps_by
 
 log = get_logger(__name__)
 
@@ -58,19 +58,6 @@ def _sort_key(episode: Vertex) -> tuple[bool, datetime | None, str]:
 def _stated_relation(user_id: str, thesis: Vertex) -> str | None:
     """The relation edge id a thesis wrote (``ChangeSetBuilder.add``), if it wrote one."""
     return ids.stated_relation(user_id, thesis.props)
-
-
-def _validity(edge: Edge, staters: list[Vertex]) -> dict[str, object]:
-    """A relation edge's invalidation as its remaining staters give it: valid while one of them is; otherwise it
-    ended when the last of them did (as ``ChangeSetBuilder`` ends it when it invalidates its last valid stater).
-    Between the staters' times it did not hold (its gaps, ``services.validity``)."""
-    between = holes(i for v in staters for i in held(v.t_valid, v.t_invalid, v.props))
-    props = with_gaps(edge.props, between)
-    if any(v.t_invalid is None for v in staters):
-        return {"t_invalid": None, "t_expired": None, "invalidated_by": None, "props": props}
-    last = max(staters, key=lambda v: (v.t_expired is not None, v.t_expired, v.t_invalid, v.id))
-    ended = {"t_invalid": last.t_invalid, "t_expired": last.t_expired, "invalidated_by": last.invalidated_by}
-    return {**ended, "props": props}
 
 
 class _Plan:
@@ -156,10 +143,10 @@ class _Plan:
                     self.delete_relations.add(edge.id)
                 continue
             if edge.kind is EdgeKind.RELATION and edge.id in stated:
-                validity = _validity(edge, list(stated[edge.id].values()))
                 current = self.edge_puts.get(edge.id, edge)
-                if any(getattr(current, k) != v for k, v in validity.items()):
-                    self.edge_puts[edge.id] = current.model_copy(update=validity)
+                derived = current.stated_by(list(stated[edge.id].values()))
+                if derived != current:
+                    self.edge_puts[edge.id] = derived
             if edge.props.get("event_id") not in self.events:
                 continue
             if edge.kind is EdgeKind.RELATION:
