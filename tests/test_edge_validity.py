@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import pytest
 
 from schemas.events import ForgetScope
 from services import ids
@@ -28,6 +29,7 @@ from services.retrieval.base import RetrievalRequest
 from services.retrieval.registry import get_retriever
 from services.validity import GAPS, Gap, held, holes, reopened, without_gaps_by
 from tests import test_forget_memory
+from tests.contract.conftest import remote_addresses
 from tests.test_forget_memory import Memory, chat
 from tests.test_retrievers import ALL
 
@@ -285,3 +287,74 @@ async def test_an_older_file_derives_its_relation_edges_validity_from_their_stat
     async with await SqliteMemoryStore.open(path, dim=4) as store:
         again = (await store.get_triplets("ada", [relation("ada", "Siemens")]))[relation("ada", "Siemens")].edge
     assert again.t_invalid is None
+
+
+def old_change_set(user: str) -> ChangeSet:
+    """What older code wrote for Siemens then St. Mary's: the Siemens thesis invalidated, both edges valid."""
+    ada, siemens, st_marys = (ids.object_id(user, name) for name in ("Ada", "Siemens", "St. Mary's"))
+    objects = [
+        Vertex(id=ids.object_id(user, name), user_id=user, kind=VertexKind.OBJECT, name=name)
+        for name in ("Ada", "Siemens", "St. Mary's")
+    ]
+    theses, edges = [], []
+    for place, message, target in (("Siemens", SIEMENS, siemens), ("St. Mary's", ST_MARYS, st_marys)):
+        props = {"subject": "Ada", "relation": "works at", "object": place, "event_id": message.event_id}
+        theses.append(
+            Vertex(
+                id=f"t_{place}",
+                user_id=user,
+                kind=VertexKind.THESIS,
+                name=f"Ada works at {place}.",
+                props=props,
+                t_valid=message.event_time,
+            )
+        )
+        edge_id = ids.edge_id(user, EdgeKind.RELATION.value, ada, "works at", target)
+        edges.append(
+            Edge(
+                id=edge_id,
+                user_id=user,
+                kind=EdgeKind.RELATION,
+                source=ada,
+                target=target,
+                relation="works at",
+                t_valid=message.event_time,
+            )
+        )
+    theses[0] = theses[0].model_copy(
+        update={"t_invalid": ST_MARYS.event_time, "t_expired": ST_MARYS.ingest_time, "invalidated_by": "t_St. Mary's"}
+    )
+    return ChangeSet(id="c_old", user_id=user, event_ids=[], vertices=[*objects, *theses], edges=edges)
+
+
+@pytest.mark.server
+async def test_dgraph_derives_old_relation_edges_validity_from_their_staters_once(embedder: Any) -> None:
+    from services.adapters.dgraph import DgraphGraphStore
+    from services.adapters.dgraph.upgrade import EDGE_VALIDITY, derive_edge_validity
+    from services.adapters.dgraph.write import Mutation, delete_node
+
+    dgraph, _, _ = remote_addresses()
+    user = "edge-validity-upgrade"
+    store = await DgraphGraphStore.open(dgraph)
+    try:
+        await store.delete_user(user)
+        await store.apply_graph(old_change_set(user))
+        # as if the upgrade had never run on this cluster
+        forgotten = Mutation(deletes=[delete_node("m")])
+        query = "query q($id: string) { m as var(func: eq(upgrade.id, $id)) }"
+        await store._request("test_upgrade_reset", query, {"$id": EDGE_VALIDITY}, [forgotten])
+        assert await derive_edge_validity(store._query, store._request) >= 1
+        found = await store.get_triplets(user, [relation(user, "Siemens"), relation(user, "St. Mary's")])
+        siemens, st_marys = found[relation(user, "Siemens")].edge, found[relation(user, "St. Mary's")].edge
+        assert (siemens.t_invalid, siemens.t_expired, siemens.invalidated_by) == (
+            ST_MARYS.event_time,
+            ST_MARYS.ingest_time,
+            "t_St. Mary's",
+        )
+        assert st_marys.t_invalid is None
+        # recorded: it does not run again, and opening a store does not either
+        assert await derive_edge_validity(store._query, store._request) == 0
+        await (await DgraphGraphStore.open(dgraph)).close()
+    finally:
+        await store.delete_user(user)
+        await store.close()

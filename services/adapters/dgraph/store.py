@@ -25,7 +25,7 @@ from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Eras
 from services.logging import get_logger
 from services.ports import AnnouncementLog, CacheScope, GraphStore, KeyValueCache
 
-from . import forget, queries
+from . import forget, queries, upgrade
 from .codec import is_vertex, parse_dt, read_edge, read_vertex
 from .write import (
     Ended,
@@ -131,6 +131,8 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
                 await self._retrying(
                     "alter", lambda: self.client.alter(operation, timeout=self.timeout_s, metadata=metadata)
                 )
+                # data written by older code brought up to date, once (recorded in the graph)
+                await upgrade.derive_edge_validity(self._query, self._request)
         except BaseException:
             await self.close()
             raise
