@@ -358,3 +358,13 @@ async def test_dgraph_derives_old_relation_edges_validity_from_their_staters_onc
     finally:
         await store.delete_user(user)
         await store.close()
+
+
+async def test_forgetting_the_first_statement_leaves_the_state_from_its_restatement(open_memory: Any) -> None:
+    memory = await open_memory("restated")
+    await memory.said([SIEMENS, ST_MARYS, SIEMENS_AGAIN])
+    await memory.forget.forget(test_forget_memory.tombstone(ForgetScope.MESSAGE, SIEMENS.event_id), "chat")
+    siemens = await edge(memory, "Siemens")
+    assert siemens.t_valid == SIEMENS_AGAIN.event_time and siemens.valid_at(None) and GAPS not in siemens.props
+    assert not siemens.valid_at(BETWEEN) and not siemens.valid_at(GAP)
+    await check_every_retriever(memory, [(None, {"Siemens"}), (GAP, {"St. Mary's"}), (BETWEEN, set())])
