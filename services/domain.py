@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from services.validity import held, holes, in_gap, with_gaps
 
 
 class VertexKind(StrEnum):
@@ -65,7 +68,7 @@ class Vertex(BaseModel):
             return self.t_invalid is None
         if self.t_valid is not None and self.t_valid > when:
             return False
-        return self.t_invalid is None or self.t_invalid > when
+        return (self.t_invalid is None or self.t_invalid > when) and not in_gap(self.props, when)
 
     @property
     def text(self) -> str:
@@ -93,12 +96,27 @@ class Edge(BaseModel):
     invalidated_by: str | None = None
 
     def valid_at(self, when: datetime | None) -> bool:
-        """True if this edge held at ``when`` (``None``: now, i.e. not invalidated)."""
+        """True if this edge held at ``when`` (``None``: now, i.e. not invalidated). An edge that ended and was
+        stated again later did not hold in between (``services.validity``)."""
         if when is None:
             return self.t_invalid is None
         if self.t_valid is not None and self.t_valid > when:
             return False
-        return self.t_invalid is None or self.t_invalid > when
+        return (self.t_invalid is None or self.t_invalid > when) and not in_gap(self.props, when)
+
+    def stated_by(self, staters: Sequence[Vertex]) -> Edge:
+        """This relation edge with the validity the theses stating it give it: valid while one of them is,
+        otherwise ended when the last of them was (as ``ChangeSetBuilder`` ends it when it invalidates its last
+        valid stater), and not holding between their times (its gaps, ``services.validity``)."""
+        between = holes(i for v in staters for i in held(v.t_valid, v.t_invalid, v.props))
+        props = with_gaps(self.props, between)
+        if any(v.t_invalid is None for v in staters):
+            return self.model_copy(
+                update={"t_invalid": None, "t_expired": None, "invalidated_by": None, "props": props}
+            )
+        last = max(staters, key=lambda v: (v.t_expired is not None, v.t_expired, v.t_invalid, v.id))
+        ended = {"t_invalid": last.t_invalid, "t_expired": last.t_expired, "invalidated_by": last.invalidated_by}
+        return self.model_copy(update={**ended, "props": props})
 
 
 class Triplet(BaseModel):
@@ -156,6 +174,16 @@ class ChangeSet(BaseModel):
     edge_invalidations: list[EdgeInvalidation] = Field(default_factory=list)
     llm_calls: int = 0
     event_time: datetime | None = Field(default=None, description="The latest event time of its events.")
+
+    def restated_theses(self) -> list[Vertex]:
+        """The theses it writes that hold from their ``t_valid``, not invalidated on arrival: one the store already
+        has ended at or before then holds again (``services.validity.reopened``)."""
+        invalidated = {inv.thesis_id for inv in self.invalidations}
+        return [
+            v
+            for v in self.vertices
+            if v.kind is VertexKind.THESIS and v.t_invalid is None and v.t_valid is not None and v.id not in invalidated
+        ]
 
 
 class Announcement(BaseModel):

@@ -75,6 +75,8 @@ def fact_record(fact: Fact) -> dict[str, Any]:
             "text": fact.when.text,
         }
         record["when"] |= {k: True for k in ("ended", "open_start") if getattr(fact.when, k)}
+    if fact.unresolved:
+        record["unresolved"] = fact.unresolved
     return record
 
 
@@ -91,7 +93,8 @@ def fact_of(record: Mapping[str, Any]) -> Fact:
             open_start=bool(raw.get("open_start")),
         )
     )
-    return Fact(**{k: str(record[k]) for k in ("subject", "text", "relation", "object", "kind", "temporal")}, when=when)
+    fields = {k: str(record[k]) for k in ("subject", "text", "relation", "object", "kind", "temporal")}
+    return Fact(**fields, when=when, unresolved=str(record.get("unresolved", "")))
 
 
 def merged_facts(episode: Vertex) -> dict[str, list[Fact]]:
@@ -103,10 +106,13 @@ def merged_facts(episode: Vertex) -> dict[str, list[Fact]]:
 
 
 def thesis_text(fact: Fact) -> str:
-    """A fact as stored: the date it is about goes into its text, so every retriever and the reader see it."""
-    if fact.when is None:
-        return fact.text
-    return f"{fact.text.rstrip('.')} ({fact.when.describe()})."
+    """A fact as stored: the date it is about goes into its text, so every retriever and the reader see it. Time
+    words no date could be read from ("since I was 12") go in as said, unless the fact already says them."""
+    if fact.when is not None:
+        return f"{fact.text.rstrip('.')} ({fact.when.describe()})."
+    if fact.unresolved and ids.normalize_text(fact.unresolved) not in ids.normalize_text(fact.text):
+        return f'{fact.text.rstrip(".")} (as said: "{fact.unresolved}").'
+    return fact.text
 
 
 def _midnight(day: date) -> datetime:
@@ -278,6 +284,8 @@ class ChangeSetBuilder:
                 "when_end": fact.when.end.isoformat(),
             }
             props |= {f"when_{k}": "true" for k in ("ended", "open_start") if getattr(fact.when, k)}
+        elif fact.unresolved:
+            props["when_unresolved"] = fact.unresolved  # said, though no date could be read from it
         thesis_id = ids.thesis_id(self.user_id, text)
         t_valid, t_invalid = validity(fact.when, fact.kind, src.event_time)
         if t_invalid is not None and thesis_id not in self._vertices:

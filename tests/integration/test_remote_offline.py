@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from services import ids
-from services.adapters.dgraph import queries, schema_text
+from services.adapters.dgraph import queries, schema_text, upgrade
 from services.adapters.dgraph.codec import rank_key
 from services.adapters.dgraph.write import (
+    Ended,
     announced_upsert,
     change_set_upsert,
     delete_user_upsert,
@@ -55,6 +56,9 @@ def hostile_change_set() -> ChangeSet:
         queries.change_sets_of(HOSTILE, [HOSTILE]),
         queries.pending_announcements(HOSTILE, [HOSTILE]),
         queries.stats(HOSTILE),
+        queries.ended(HOSTILE, [HOSTILE], [HOSTILE]),
+        upgrade.theses_page(HOSTILE, 0),
+        upgrade.valid_edges(HOSTILE, [HOSTILE]),
     ],
 )
 def test_reads_carry_user_text_only_as_variables(built: tuple[queries.Params, str]) -> None:
@@ -71,7 +75,29 @@ def test_writes_carry_user_text_only_as_variables_and_typed_values() -> None:
     assert HOSTILE not in up.query
     announcement = Announcement.of(hostile_change_set(), ApplyResult())
     marked = events_upsert(HOSTILE, [HOSTILE], HOSTILE, announcement)
-    for upsert in (up, marked, announced_upsert(HOSTILE, [HOSTILE]), delete_user_upsert(HOSTILE)):
+    # a restated relation edge and thesis the store has ended (hostile props), and the upgrade's derived edges
+    when = datetime(2020, 1, 1, tzinfo=UTC)
+    restated = hostile_change_set()
+    relation = Edge(
+        id="r_" + HOSTILE,
+        user_id=HOSTILE,
+        kind=EdgeKind.RELATION,
+        source=restated.vertices[0].id,
+        target=restated.vertices[0].id,
+        relation=HOSTILE,
+        t_valid=when,
+    )
+    restated.edges = [relation]
+    restated.invalidations = []
+    thesis = restated.vertices[1].model_copy(update={"t_valid": when})
+    restated.vertices[1] = thesis
+    ended = {k: Ended(when, {"k": HOSTILE}, HOSTILE) for k in (relation.id, thesis.id)}
+    reopened = change_set_upsert(restated, ended)
+    assert sum(bool(m.deletes) for m in reopened.mutations) == 2  # both reopened: their invalidation cleared
+    derived = upgrade.derived_upsert(
+        HOSTILE, [relation.model_copy(update={"t_invalid": when, "invalidated_by": HOSTILE})]
+    )
+    for upsert in (up, marked, announced_upsert(HOSTILE, [HOSTILE]), delete_user_upsert(HOSTILE), reopened, derived):
         assert HOSTILE not in upsert.query
         for mutation in upsert.mutations:
             assert HOSTILE not in mutation.cond
