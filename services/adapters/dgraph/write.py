@@ -34,7 +34,7 @@ from services.domain import (
     VertexKind,
 )
 
-from .codec import Values, dt_text, edge_values, vertex_values
+from .codec import Values, dt_text, edge_values, props_text, vertex_values
 from .queries import VALID_THESIS, Params
 
 STAR = "_STAR_ALL"  # what Dgraph's RDF parser makes of ``*`` (x.Star)
@@ -200,6 +200,15 @@ def change_set_upsert(change_set: ChangeSet) -> ChangeSetUpsert:
         up.mutations.append(Mutation(nquads(f"uid(t{n})", _invalidated(inv)), f"@if(gt(len(t{n}), 0){guard})"))
     if valid:
         up.blocks.append(f"valid_before(func: uid({', '.join(valid)})) {{ vertex.id }}")
+
+    for n, update in enumerate(_first_by_id(change_set.props_updates, "thesis_id").values()):
+        # a known thesis's marks changed: its props whole, as memorize computed them (the embedded _PUT_PROPS)
+        up.blocks.append(
+            f"pu{n} as var(func: eq(vertex.id, {p.add(update.thesis_id)})) "
+            '@filter(eq(vertex.user, $u) AND eq(vertex.kind, "thesis"))'
+        )
+        props: Values = {"vertex.props": props_text(update.props)}
+        up.mutations.append(Mutation(nquads(f"uid(pu{n})", props), f"@if(gt(len(pu{n}), 0){guard})"))
 
     for n, ended in enumerate(_first_by_id(change_set.edge_invalidations, "edge_id").values()):
         # first one wins, as for theses: only a relation edge still valid is ended

@@ -17,6 +17,7 @@ from .codec import (
     dt_to_text,
     edge_row,
     json_list,
+    props_to_text,
     user_key,
     vector_blob,
     vertex_row,
@@ -34,6 +35,8 @@ _INVALIDATE_EDGE = (
     "UPDATE edges SET t_invalid = ?, t_expired = ?, invalidated_by = ? "
     "WHERE user_id = ? AND id = ? AND kind = 'relation' AND t_invalid IS NULL"
 )
+# a known thesis's marks changed (``ChangeSet.props_updates``): its props as memorize computed them
+_PUT_PROPS = "UPDATE vertices SET props = ? WHERE user_id = ? AND id = ? AND kind = 'thesis'"
 # a relation edge stated again by a valid thesis about a time at or after the edge ended holds again; one about an
 # earlier time (a replay of an older change set, a late event) leaves it as it is
 _REVALIDATE_EDGE = (
@@ -101,6 +104,8 @@ def _write(conn: apsw.Connection, change_set: ChangeSet, vectors: Sequence[Vecto
             _INVALIDATE_EDGE,
             (dt_to_text(ended.t_invalid), dt_to_text(ended.t_expired), ended.invalidated_by, user, ended.edge_id),
         )
+    for update in change_set.props_updates:
+        conn.execute(_PUT_PROPS, (props_to_text(update.props), user, update.thesis_id))
     _index(conn, user, vectors, dim)
     conn.executemany(
         "INSERT OR IGNORE INTO applied_events (user_id, event_id, change_set_id) VALUES (?, ?, ?)",
