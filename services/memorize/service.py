@@ -291,8 +291,8 @@ class MemorizeService:
     ) -> tuple[dict[int, dict[int, str]], dict[int, list[tuple[int, KnownRef]]], int]:
         """Duplicates and contradictions of the new facts among the user's valid theses, after extraction.
 
-        - A known thesis about the same subject nearly equal in meaning (cosine >= ``duplicate_min_similarity``)
-          is the same fact: the new one becomes a source of it, no call needed.
+        - A known thesis of the same kind about the same subject nearly equal in meaning (cosine >=
+          ``duplicate_min_similarity``) is the same fact: the new one becomes a source of it, no call needed.
         - Candidates per new fact, at most ``invalidation_candidates``: the known theses sharing an entity with it
           that state the same relation to another one ("works at Siemens" / "works at St. Mary's"), then its
           nearest known theses by meaning (cosine >= ``contradiction_min_similarity``) about the same entities
@@ -319,7 +319,9 @@ class MemorizeService:
                 old = known.get(hit)
                 if score < self.settings.duplicate_min_similarity or old is None:
                     continue
-                if old.t_invalid is None and old.props.get("subject") == fact.subject:
+                # of the same kind: "Ben got the job" is no repeat of "Ben will get the job" but what it came to
+                same_kind = old.episode_label is None or old.episode_label.value == fact.kind
+                if old.t_invalid is None and old.props.get("subject") == fact.subject and same_kind:
                     same_as.setdefault(unit_n, {})[fact_n] = old.id
                     break
         entities = sorted({name for _, _, fact in facts for name in _entities(fact)})
