@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from services import ids
+from services import ids, metrics
 from services.domain import (
     HOLDER,
     MARK_PARTNER,
@@ -353,6 +353,7 @@ class ChangeSetBuilder:
             self._known_props.setdefault(partner, props)
         known = Side(old.kind, old.temporal, old.props.get(HOLDER, ""), old.t_valid, self._in_conflict(old.id))
         outcome = decide(old.verdict, self._side(new), known)
+        metrics.LABEL_OUTCOMES.labels(outcome.value).inc()
         if outcome is Outcome.SUPERSEDE:
             ended = self._invalidate(old, new, src)
             if ended is not None:  # a thesis in conflict that ends was the wrong side: the conflict is settled
