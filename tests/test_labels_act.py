@@ -456,3 +456,19 @@ async def test_a_rival_states_the_same_relation_and_shares_either_entity(memory:
     await memory.say(carl, bergen)
     shown = {(new, known) for new, _, known, _ in memory.script.shown}
     assert shown == {(carl.text, eve.text), (bergen.text, oslo.text)}
+
+
+async def test_the_planning_readers_memory_lines_carry_the_marks(memory: Memory) -> None:
+    """PlanningQA's clue-answer stage (stage 8) reads ``Triplet.context``: the conflict is in its memory lines."""
+    from tests.test_qa_pipeline import Reader, last, make_qa, query
+
+    lyon = Said("Ann lives in Lyon.", "Ann", "lives in", "Lyon", temporal="STATIC")
+    porto = Said("Ann lives in Porto.", "Ann", "lives in", "Porto", temporal="STATIC")
+    await memory.say(lyon)
+    memory.judge(porto, lyon, "updates")
+    await memory.say(porto)
+    llm = ScriptedLLM(Reader(["Ann"]).responders())
+    await make_qa(memory.store, memory.memorize.embedder, llm).answer(query("Where does Ann live?", user=USER))
+    prompts = [last(r) for r in llm.calls_for("clue_answer")]
+    assert any(f"{porto.text} (conflicts with: " in p for p in prompts)
+    assert "conflicts with another" in llm.calls_for("clue_answer")[0].messages[0].content
