@@ -44,6 +44,11 @@ MEMORIZE_NO_FACTS = Counter(
 RESOLVE_VERDICTS = Counter(
     "memstream_resolve_pairs_total", "New-fact/known-thesis pairs judged for contradiction, by verdict", ["verdict"]
 )
+LABEL_OUTCOMES = Counter(
+    "memstream_label_outcomes_total",
+    "Judged pairs by what the label rules made of them (supersede, conflict, confirm, refute, keep)",
+    ["outcome"],
+)
 FACTS_DROPPED = Counter(
     "memstream_extraction_facts_dropped_total", "Extracted facts dropped by the deterministic checks", ["reason"]
 )

@@ -7,6 +7,8 @@ From the episodes a tombstone names, the erasure follows the provenance the memo
   one, as if the forgotten one had never been said;
 - a relation edge first written by a forgotten source stays only while a remaining thesis states it;
 - a thesis that a removed thesis had invalidated is valid again;
+- a mark naming a removed thesis (a conflict, a prediction's confirmation or refutation) goes from the thesis
+  that carries it, so none points at nothing;
 - a kept relation edge is valid while a remaining thesis stating it is (so the edge of a thesis made valid again
   is valid again), and otherwise ended when the last of them was; it did not hold between their times (its gaps,
   ``services.validity``), and a thesis's gap that a removed thesis began goes;
@@ -25,7 +27,7 @@ from datetime import datetime
 
 from schemas.events import Forget, ForgetScope, MemoryForgotten
 from services import ids, metrics
-from services.domain import ChangeSet, Edge, EdgeKind, Erasure, Triplet, Vertex, VertexKind
+from services.domain import ChangeSet, Edge, EdgeKind, Erasure, Triplet, Vertex, VertexKind, thesis_marks, with_marks
 from services.logging import get_logger
 from services.memorize.builder import MERGED, ChangeSetBuilder, Source, merged_facts, valid_from_props
 from services.memorize.extraction import Fact, ItemFacts
@@ -218,6 +220,17 @@ class _Plan:
                 VectorItem(id=i, kind=k, text=t, vector=list(v)) for (i, k, t), v in zip(new, embedded, strict=True)
             ]
 
+    def unmark(self, partners: Iterable[Vertex]) -> None:
+        """The marks that name a removed thesis go from the kept theses that carry them."""
+        for partner in partners:
+            if partner.id in self.delete_vertices:
+                continue
+            current = self.current(partner)
+            marks = thesis_marks(current.props)
+            kept = [m for m in marks if m.id not in self.delete_vertices]
+            if kept != marks:
+                self.puts[partner.id] = current.model_copy(update={"props": with_marks(current.props, kept)})
+
     def restore(self, invalidated: list[Vertex]) -> list[str]:
         """Theses a removed thesis had invalidated are valid again; returns the relation edges they state."""
         relations = []
@@ -333,4 +346,8 @@ class ForgetService:
         # a thesis reworded goes though it keeps sources: its episodic edges to them go with it
         plan.edges([*around, *extra.values(), *episodic])
         await plan.apply_rewritten(self.graph, self.embedder)
+        # marks are kept on both sides: a removed thesis's own marks name the kept theses that name it
+        named = {m.id for v in linked.values() if v.id in plan.delete_vertices for m in thesis_marks(v.props)}
+        if named - plan.delete_vertices:
+            plan.unmark((await self.graph.get_vertices(user, sorted(named - plan.delete_vertices))).values())
         return plan

@@ -3,6 +3,7 @@ sort keys, BM25 query text, and the schema rewrite that keeps Ollama's grammar c
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +26,17 @@ from services.adapters.ollama.schema import ollama_schema, portable_pattern
 from services.adapters.remote import RemoteMemoryStore
 from services.adapters.weaviate.collections import tenant_name
 from services.adapters.weaviate.store import bm25_text
-from services.domain import Announcement, ApplyResult, ChangeSet, Edge, EdgeKind, Invalidation, Vertex, VertexKind
+from services.domain import (
+    Announcement,
+    ApplyResult,
+    ChangeSet,
+    Edge,
+    EdgeKind,
+    Invalidation,
+    PropsUpdate,
+    Vertex,
+    VertexKind,
+)
 from services.settings import Settings
 
 HOSTILE = '"}) { leak(func: has(vertex.id)) { uid } } # uid(a0) val(x) $u [1, 2]'
@@ -183,3 +194,17 @@ async def test_remote_store_needs_its_addresses() -> None:
     settings = Settings(_env_file=None, store="remote", dgraph=None, weaviate_http=None, weaviate_grpc="h:1")
     with pytest.raises(ValueError, match="MEMSTREAM_DGRAPH, MEMSTREAM_WEAVIATE_HTTP"):
         await RemoteMemoryStore.from_settings(settings, dim=8)
+
+
+def test_a_props_update_is_one_guarded_write_of_typed_text() -> None:
+    """``ChangeSet.props_updates`` (a known thesis's marks changed): one conditional set of ``vertex.props``."""
+    update = PropsUpdate(thesis_id=HOSTILE, props={"marks": HOSTILE})
+    up = change_set_upsert(ChangeSet(id="c_2", user_id=HOSTILE, event_ids=[HOSTILE], props_updates=[update]))
+    assert HOSTILE not in up.query
+    [mutation] = up.mutations
+    assert mutation.cond == "@if(gt(len(pu0), 0) AND lt(len(seen), 1))"
+    [nquad] = mutation.nquads
+    assert (nquad.subject, nquad.predicate) == ("uid(pu0)", "vertex.props")
+    assert json.loads(nquad.object_value.str_val) == {"marks": HOSTILE}
+    assert 'eq(vertex.kind, "thesis")' in up.query  # only a thesis's props, and only the user's (filter below)
+    assert "eq(vertex.user, $u)" in up.query

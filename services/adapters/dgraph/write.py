@@ -226,6 +226,15 @@ def change_set_upsert(change_set: ChangeSet, ended: Mapping[str, Ended] | None =
     if valid:
         up.blocks.append(f"valid_before(func: uid({', '.join(valid)})) {{ vertex.id }}")
 
+    for n, update in enumerate(_first_by_id(change_set.props_updates, "thesis_id").values()):
+        # a known thesis's marks changed: its props whole, as memorize computed them (the embedded _PUT_PROPS)
+        up.blocks.append(
+            f"pu{n} as var(func: eq(vertex.id, {p.add(update.thesis_id)})) "
+            '@filter(eq(vertex.user, $u) AND eq(vertex.kind, "thesis"))'
+        )
+        props: Values = {"vertex.props": props_text(update.props)}
+        up.mutations.append(Mutation(nquads(f"uid(pu{n})", props), f"@if(gt(len(pu{n}), 0){guard})"))
+
     for n, ending in enumerate(_first_by_id(change_set.edge_invalidations, "edge_id").values()):
         # first one wins, as for theses: only a relation edge still valid is ended
         up.blocks.append(

@@ -39,6 +39,8 @@ _INVALIDATE_EDGE = (
     "UPDATE edges SET t_invalid = ?, t_expired = ?, invalidated_by = ? "
     "WHERE user_id = ? AND id = ? AND kind = 'relation' AND t_invalid IS NULL"
 )
+# a known thesis's marks changed (``ChangeSet.props_updates``): its props as memorize computed them
+_PUT_PROPS = "UPDATE vertices SET props = ? WHERE user_id = ? AND id = ? AND kind = 'thesis'"
 # a relation edge (or a thesis) stated again by a valid thesis about a time at or after it ended holds again, with
 # the time in between kept as a gap (services/validity.py); one about an earlier time (a replay of an older change
 # set, a late event) leaves it as it is
@@ -100,6 +102,8 @@ def _write(conn: apsw.Connection, change_set: ChangeSet, vectors: Sequence[Vecto
     user = change_set.user_id
     result = ApplyResult()
     restated = {v.id for v in change_set.restated_theses()}
+    for update in change_set.props_updates:  # first: a reopening below adds its gap to these props
+        conn.execute(_PUT_PROPS, (props_to_text(update.props), user, update.thesis_id))
     for vertex in change_set.vertices:
         conn.execute(_INSERT_VERTEX, vertex_row(vertex))
         if conn.changes():
