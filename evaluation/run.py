@@ -86,7 +86,11 @@ def _settings(config: EvalConfig) -> Settings:
         overrides["llm_model"] = config.model
     if config.engine:
         overrides["qa_engine"] = config.engine
-    return Settings(**overrides)
+    settings = Settings(**overrides)
+    if settings.llm == "scripted" and not settings.scripted_llm and not config.engine:
+        # the rule-based stand-ins answer memorize's tasks and the simple QA's, not the planning pipeline's
+        settings = settings.model_copy(update={"qa_engine": "simple"})
+    return settings
 
 
 class Rows:
@@ -95,13 +99,17 @@ class Rows:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.rows: dict[str, dict[str, Any]] = {}
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a crash: scored again
-                self.rows[row["key"]] = row
+        if not path.exists():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash: scored again
+            self.rows[row["key"]] = row
+        if len(self.rows) != len(lines):  # rewritten without it, so that the next row does not join it
+            path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.rows.values()), "utf-8")
 
     def __contains__(self, key: str) -> bool:
         return key in self.rows
@@ -198,9 +206,14 @@ class Harness:
         return [found[e] for e in q.evidence]
 
     async def _seeds(self, q: EvalQuestion) -> list[str]:
-        """Object vertices the question names, by the system's own matcher (exact names, fused search)."""
-        matches = await self.matcher.match(q.user_id, sorted(names_in(q.text)))
-        return list(dict.fromkeys(m.vertex.id for ms in matches.values() for m in ms))
+        """Object vertices the question names, by the system's own matcher (exact names, fused search); when it
+        names none (or none is known), the objects the fused search finds for the whole question."""
+        for entities in (sorted(names_in(q.text)), [q.text]):
+            matches = await self.matcher.match(q.user_id, entities)
+            seeds = list(dict.fromkeys(m.vertex.id for ms in matches.values() for m in ms))
+            if seeds:
+                return seeds
+        return []
 
     async def _context(self, retriever: str, q: EvalQuestion, vector: list[float]) -> list[metrics.ContextItem]:
         if retriever == RAW:
