@@ -40,7 +40,7 @@ from services.qa.pipeline import PlanningQA, QAConfig
 from services.qa.service import QAEngine, QAService
 from services.qa.simple import SimpleQA
 from services.qa.tasks.common import is_no_info, names_in
-from services.retrieval.base import RetrievalRequest
+from services.retrieval.base import RetrievalRequest, Retriever
 from services.retrieval.registry import get_retriever
 from services.settings import Settings
 
@@ -159,6 +159,8 @@ class Harness:
         self.texts = {e.event_id: e.text for e in dataset.events}
         self.matcher = EntityMatcher(memory, memory, embedder)
         self.run_usage: dict[str, dict[str, float]] = {}
+        self._gold_ids: dict[str, list[frozenset[str]]] = {}
+        self._retrievers: dict[str, Retriever] = {}
 
     def _bar(self, items: Iterable[Any], what: str, total: int | None = None) -> Iterable[Any]:
         return tqdm(items, desc=what, total=total, disable=not self.config.progress, unit="q")
@@ -200,10 +202,12 @@ class Harness:
         return _ingest_log(self.config.results / "ingest.json", this_run)
 
     async def _gold(self, q: EvalQuestion) -> list[frozenset[str]]:
-        found = await metrics.derived_ids(
-            self.memory, q.user_id, {e: self.texts.get(e, "") for e in q.evidence}, self.settings.document_chunk_chars
-        )
-        return [found[e] for e in q.evidence]
+        """The memory ids of each gold evidence event (asked of the store once per question)."""
+        if q.id not in self._gold_ids:
+            texts = {e: self.texts.get(e, "") for e in q.evidence}
+            found = await metrics.derived_ids(self.memory, q.user_id, texts, self.settings.document_chunk_chars)
+            self._gold_ids[q.id] = [found[e] for e in q.evidence]
+        return self._gold_ids[q.id]
 
     async def _seeds(self, q: EvalQuestion) -> list[str]:
         """Object vertices the question names, by the system's own matcher (exact names, fused search); when it
@@ -223,8 +227,9 @@ class Harness:
         request = RetrievalRequest(
             user_id=q.user_id, query=q.text, query_vector=vector, seeds=await self._seeds(q), budget=self.config.budget
         )
-        engine = get_retriever(retriever, self.memory, self.memory, self.embedder)
-        return metrics.triplet_items(await engine.retrieve(request))
+        if retriever not in self._retrievers:
+            self._retrievers[retriever] = get_retriever(retriever, self.memory, self.memory, self.embedder)
+        return metrics.triplet_items(await self._retrievers[retriever].retrieve(request))
 
     def _recall(self, gold: list[frozenset[str]], q: EvalQuestion, items: list[metrics.ContextItem]) -> dict[str, Any]:
         out: dict[str, Any] = {f"recall@{k}": metrics.recall_at(gold, items, k) for k in KS}
