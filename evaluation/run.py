@@ -28,6 +28,7 @@ from evaluation.datasets import Dataset, EvalQuestion
 from evaluation.judge import AnswerJudgeInput, AnswerJudgeTask, RetentionInput, RetentionTask
 from schemas.events import Answer, AnswerStatus, Query, StageEvent
 from services.adapters.sqlite import SqliteMemoryStore
+from services.container import build_engine
 from services.llm.factory import build_embedder, build_llm
 from services.llm.layers import MeteredLLM, Usage
 from services.llm.scope import llm_scope
@@ -36,7 +37,6 @@ from services.logging import get_logger
 from services.memorize.service import MemorizeService
 from services.ports import Embedder
 from services.qa.matching import EntityMatcher
-from services.qa.pipeline import PlanningQA, QAConfig
 from services.qa.service import QAEngine, QAService
 from services.qa.simple import SimpleQA
 from services.qa.tasks.common import is_no_info, names_in
@@ -258,18 +258,7 @@ class Harness:
             self.rows.add(row)
 
     def _engines(self) -> dict[str, QAEngine]:
-        engines: dict[str, QAEngine] = {}
-        if self.settings.qa_engine == "planning":
-            engines["memory"] = PlanningQA(
-                self.memory,
-                self.memory,
-                self.embedder,
-                self.llm,
-                lambda name: get_retriever(name, self.memory, self.memory, self.embedder),
-                QAConfig.from_settings(self.settings),
-            )
-        else:
-            engines["memory"] = SimpleQA(self.memory, self.embedder, self.llm, top_k=self.settings.qa_top_k)
+        engines: dict[str, QAEngine] = {"memory": build_engine(self.settings, self.memory, self.embedder, self.llm)}
         engines["flat_rag"] = SimpleQA(self.raw, self.embedder, self.llm, top_k=self.settings.qa_top_k)
         engines["no_retrieval"] = NoRetrieval(self.llm)
         return {m: engines[m] for m in self.config.modes}
