@@ -505,6 +505,78 @@ def _print_trace(client: Any, query_id: str, user: str, timeout: float) -> None:
         )
 
 
+@app.command("eval")
+def eval_(
+    dataset: Annotated[str, typer.Argument(help="locomo, mine, hotpotqa, musique or 2wiki")],
+    data: Annotated[
+        Path | None, typer.Option(help="a file of the dataset's format (default: its file in --data-dir)")
+    ] = None,
+    corpus: Annotated[Path | None, typer.Option(help="2wiki: the passages file")] = None,
+    data_dir: Annotated[Path, typer.Option(help="the shared evaluation data")] = Path("../shared/data"),
+    results: Annotated[Path | None, typer.Option(help="results folder (default: eval-results/DATASET)")] = None,
+    questions: Annotated[
+        int | None, typer.Option(min=1, help="answer N sampled questions (documents datasets: memorize only theirs)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
+    sample: Annotated[list[str] | None, typer.Option(help="LoCoMo sample_id (repeatable)")] = None,
+    adversarial: Annotated[bool, typer.Option(help="LoCoMo: include category 5 (gold: no answer)")] = False,
+    mode: Annotated[list[str] | None, typer.Option(help="memory, flat_rag, no_retrieval (repeatable)")] = None,
+    retriever: Annotated[list[str] | None, typer.Option(help="retrievers of the LLM-free evaluation")] = None,
+    budget: Annotated[int, typer.Option(min=1, help="triplets per retrieval")] = 20,
+    llm: Annotated[str | None, typer.Option(help="local, ollama or scripted (default: MEMSTREAM_LLM)")] = None,
+    model: Annotated[str | None, typer.Option(help="MEMSTREAM_LLM_MODEL for this run")] = None,
+    judge_model: Annotated[str | None, typer.Option(help="judge model (default: the answering model)")] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="QA engine: planning or simple (default: MEMSTREAM_QA_ENGINE)")
+    ] = None,
+    batch: Annotated[int, typer.Option(min=1, help="messages per memorize call")] = 8,
+    answers: Annotated[bool, typer.Option(help="answer end to end (--no-answers: the LLM-free retrieval only)")] = True,
+    judge: Annotated[bool, typer.Option(help="LLM-as-a-judge")] = True,
+    cache: Annotated[Path | None, typer.Option(help="LLM cache file (default: in the results folder)")] = None,
+    progress: Annotated[bool, typer.Option(help="progress bars")] = True,
+    verbose: Annotated[bool, typer.Option(help="log every call (MEMSTREAM_LOG_LEVEL)")] = False,
+) -> None:
+    """Evaluate memory on a dataset: memorize it, score retrieval and answers, write results and a report."""
+    from evaluation.run import MODES, EvalConfig, evaluate
+
+    settings = _settings()
+    if not verbose:  # a log line per LLM call would bury the progress bars
+        configure_logging("WARNING", settings.log_json)
+    config = EvalConfig(
+        dataset=dataset,
+        results=results or Path("eval-results") / dataset,
+        data_dir=data_dir,
+        data=data,
+        corpus=corpus,
+        questions=questions,
+        seed=seed,
+        samples=set(sample) if sample else None,
+        adversarial=adversarial,
+        modes=tuple(mode or MODES),
+        budget=budget,
+        llm=llm,
+        model=model,
+        judge_model=judge_model,
+        engine=engine,
+        batch=batch,
+        answers=answers,
+        judge=judge,
+        cache=cache,
+        progress=progress,
+    )
+    if retriever:
+        config.retrievers = tuple(retriever)
+    unknown = set(config.modes) - set(MODES)
+    if unknown:
+        raise _fail(f"unknown mode(s) {sorted(unknown)}; known: {', '.join(MODES)}")
+    try:
+        outcome = asyncio.run(evaluate(config))
+    except (ValueError, FileNotFoundError) as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"report: {config.results / 'report.md'}")
+    typer.echo(json.dumps({"this_run_llm": outcome["run"]["this_run_llm"]["total"]}))
+
+
 @app.command()
 def stats(
     user: UserOption,

@@ -68,9 +68,14 @@ async def build_services(settings: Settings, llm: LLM | None = None) -> Services
     if not isinstance(store, ForgetStore):
         raise TypeError(f"{type(store).__name__} cannot forget: it must implement ForgetStore")
     forget = ForgetService(store, store, cache, embedder)
-    engine: QAEngine
+    qa = QAService(build_engine(settings, store, embedder, llm))
+    return Services(settings, store, llm, embedder, memorize, forget, qa)
+
+
+def build_engine(settings: Settings, store: MemoryStore, embedder: Embedder, llm: LLM) -> QAEngine:
+    """The QA engine ``settings.qa_engine`` names, over ``store``."""
     if settings.qa_engine == "planning":
-        engine = PlanningQA(
+        return PlanningQA(
             store,
             store,
             embedder,
@@ -78,7 +83,4 @@ async def build_services(settings: Settings, llm: LLM | None = None) -> Services
             lambda name: get_retriever(name, store, store, embedder),
             QAConfig.from_settings(settings),
         )
-    else:
-        engine = SimpleQA(store, embedder, llm, top_k=settings.qa_top_k)
-    qa = QAService(engine)
-    return Services(settings, store, llm, embedder, memorize, forget, qa)
+    return SimpleQA(store, embedder, llm, top_k=settings.qa_top_k)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from services.validity import held, holes, in_gap, with_gaps
 
 #: object prop of an alias record: the id of the object this name was merged into (``services.memorize.entities``)
 ALIAS_OF = "alias_of"
@@ -33,6 +37,63 @@ class TemporalLabel(StrEnum):
     STATIC = "STATIC"
     DYNAMIC = "DYNAMIC"
     ATEMPORAL = "ATEMPORAL"
+
+
+class Mark(StrEnum):
+    """A link between two valid theses that the label rules keep both of (``services.memorize.labels``)."""
+
+    CONFLICTS_WITH = "conflicts_with"  # a contradicted STATIC or ATEMPORAL thesis and its contradiction
+    CONFIRMED_BY = "confirmed_by"  # a PREDICTION and the later thesis that shows it came true
+    REFUTED_BY = "refuted_by"  # a PREDICTION and the later thesis that shows it did not
+    CONFIRMS = "confirms"
+    REFUTES = "refutes"
+
+
+#: the mark the other side of a link carries
+MARK_PARTNER = {
+    Mark.CONFLICTS_WITH: Mark.CONFLICTS_WITH,
+    Mark.CONFIRMED_BY: Mark.CONFIRMS,
+    Mark.CONFIRMS: Mark.CONFIRMED_BY,
+    Mark.REFUTED_BY: Mark.REFUTES,
+    Mark.REFUTES: Mark.REFUTED_BY,
+}
+MARKS = "marks"  # thesis prop: its marks (JSON), see ``thesis_marks``
+HOLDER = "holder"  # thesis prop of an OPINION or PREDICTION: who thinks or expects it
+
+
+class ThesisMark(BaseModel):
+    """One mark of a thesis: the other thesis's id, with its text and date so the reader needs no lookup."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mark: Mark
+    id: str
+    text: str
+    date: str = ""
+
+    def describe(self) -> str:
+        when = f" {self.date}" if self.date else ""
+        return {
+            Mark.CONFLICTS_WITH: f"conflicts with:{f' [{self.date}]' if self.date else ''} {self.text}",
+            Mark.CONFIRMED_BY: f"prediction, confirmed{when} by: {self.text}",
+            Mark.REFUTED_BY: f"prediction, refuted{when} by: {self.text}",
+            Mark.CONFIRMS: f"confirms the prediction{f' of {self.date}' if self.date else ''}: {self.text}",
+            Mark.REFUTES: f"refutes the prediction{f' of {self.date}' if self.date else ''}: {self.text}",
+        }[self.mark]
+
+
+def thesis_marks(props: Mapping[str, str]) -> list[ThesisMark]:
+    return [ThesisMark.model_validate(m) for m in json.loads(props.get(MARKS, "[]"))]
+
+
+def with_marks(props: Mapping[str, str], marks: Iterable[ThesisMark]) -> dict[str, str]:
+    """``props`` carrying exactly ``marks`` (one per mark and thesis, in a fixed order; none: no prop)."""
+    unique = {(m.mark.value, m.id): m for m in marks}
+    out = {k: v for k, v in props.items() if k != MARKS}
+    if unique:
+        records = [unique[key].model_dump(mode="json") for key in sorted(unique)]
+        out[MARKS] = json.dumps(records, sort_keys=True, ensure_ascii=False)
+    return out
 
 
 class Vertex(BaseModel):
@@ -68,7 +129,7 @@ class Vertex(BaseModel):
             return self.t_invalid is None
         if self.t_valid is not None and self.t_valid > when:
             return False
-        return self.t_invalid is None or self.t_invalid > when
+        return (self.t_invalid is None or self.t_invalid > when) and not in_gap(self.props, when)
 
     @property
     def text(self) -> str:
@@ -80,6 +141,21 @@ class Vertex(BaseModel):
     def alias_of(self) -> str | None:
         """For an alias record (an object vertex named as the user once said it), the object it stands for."""
         return self.props.get(ALIAS_OF) if self.kind is VertexKind.OBJECT else None
+
+    @property
+    def context(self) -> str:
+        """What the QA reader is shown: ``text`` with the label and holder of an opinion or prediction and the
+        thesis's marks ("[2023-03-01] OPINION (Ben): ... (conflicts with: ...)"). Not embedded or compared: the
+        retrievers rank and deduplicate by ``text``."""
+        if self.kind is not VertexKind.THESIS:
+            return self.text
+        date = f"[{self.t_valid.date().isoformat()}] " if self.t_valid is not None else ""
+        label = ""
+        if self.episode_label in (EpisodeLabel.OPINION, EpisodeLabel.PREDICTION):
+            holder = self.props.get(HOLDER)
+            label = f"{self.episode_label.value}{f' ({holder})' if holder else ''}: "
+        notes = "".join(f" ({m.describe()})" for m in thesis_marks(self.props))
+        return f"{date}{label}{self.name}{notes}"
 
 
 class Edge(BaseModel):
@@ -101,12 +177,27 @@ class Edge(BaseModel):
     invalidated_by: str | None = None
 
     def valid_at(self, when: datetime | None) -> bool:
-        """True if this edge held at ``when`` (``None``: now, i.e. not invalidated)."""
+        """True if this edge held at ``when`` (``None``: now, i.e. not invalidated). An edge that ended and was
+        stated again later did not hold in between (``services.validity``)."""
         if when is None:
             return self.t_invalid is None
         if self.t_valid is not None and self.t_valid > when:
             return False
-        return self.t_invalid is None or self.t_invalid > when
+        return (self.t_invalid is None or self.t_invalid > when) and not in_gap(self.props, when)
+
+    def stated_by(self, staters: Sequence[Vertex]) -> Edge:
+        """This relation edge with the validity the theses stating it give it: valid while one of them is,
+        otherwise ended when the last of them was (as ``ChangeSetBuilder`` ends it when it invalidates its last
+        valid stater), and not holding between their times (its gaps, ``services.validity``)."""
+        between = holes(i for v in staters for i in held(v.t_valid, v.t_invalid, v.props))
+        props = with_gaps(self.props, between)
+        if any(v.t_invalid is None for v in staters):
+            return self.model_copy(
+                update={"t_invalid": None, "t_expired": None, "invalidated_by": None, "props": props}
+            )
+        last = max(staters, key=lambda v: (v.t_expired is not None, v.t_expired, v.t_invalid, v.id))
+        ended = {"t_invalid": last.t_invalid, "t_expired": last.t_expired, "invalidated_by": last.invalidated_by}
+        return self.model_copy(update={**ended, "props": props})
 
 
 class Triplet(BaseModel):
@@ -129,6 +220,11 @@ class Triplet(BaseModel):
         # object->thesis and ->episodic triplets read as the statement itself, as in PersonalAI
         return self.end.text
 
+    @property
+    def context(self) -> str:
+        """What the QA reader is shown (``Vertex.context`` for a statement)."""
+        return self.text if self.edge.kind is EdgeKind.RELATION else self.end.context
+
 
 class Invalidation(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -150,6 +246,16 @@ class EdgeInvalidation(BaseModel):
     t_expired: datetime
 
 
+class PropsUpdate(BaseModel):
+    """The props of a known thesis as a change set leaves them (its marks changed), whole: read by memorize just
+    before, which is safe since one user's change sets are made and written one at a time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    thesis_id: str
+    props: dict[str, str]
+
+
 class ChangeSet(BaseModel):
     """Everything one memorize step writes for one user. Applied atomically (embedded) or idempotently (remote)."""
 
@@ -162,8 +268,19 @@ class ChangeSet(BaseModel):
     edges: list[Edge] = Field(default_factory=list)
     invalidations: list[Invalidation] = Field(default_factory=list)
     edge_invalidations: list[EdgeInvalidation] = Field(default_factory=list)
+    props_updates: list[PropsUpdate] = Field(default_factory=list)
     llm_calls: int = 0
     event_time: datetime | None = Field(default=None, description="The latest event time of its events.")
+
+    def restated_theses(self) -> list[Vertex]:
+        """The theses it writes that hold from their ``t_valid``, not invalidated on arrival: one the store already
+        has ended at or before then holds again (``services.validity.reopened``)."""
+        invalidated = {inv.thesis_id for inv in self.invalidations}
+        return [
+            v
+            for v in self.vertices
+            if v.kind is VertexKind.THESIS and v.t_invalid is None and v.t_valid is not None and v.id not in invalidated
+        ]
 
 
 class Announcement(BaseModel):

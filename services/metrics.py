@@ -54,6 +54,11 @@ ENTITY_PAIRS = Counter(
     "Name pairs asked of the model for entity resolution, by verdict (failed: the call failed, nothing merged)",
     ["verdict"],
 )
+LABEL_OUTCOMES = Counter(
+    "memstream_label_outcomes_total",
+    "Judged pairs by what the label rules made of them (supersede, conflict, confirm, refute, keep)",
+    ["outcome"],
+)
 FACTS_DROPPED = Counter(
     "memstream_extraction_facts_dropped_total", "Extracted facts dropped by the deterministic checks", ["reason"]
 )

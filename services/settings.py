@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     invalidation_candidates: int = Field(
         default=3, ge=0, description="known theses per new fact judged for contradiction (0: no duplicate checks)"
     )
+    contradiction_min_similarity: float = Field(
+        default=0.6,
+        ge=0.0,
+        le=1.0,
+        description="cosine at which a known thesis about the same entities is judged with a new fact",
+    )
     duplicate_min_similarity: float = Field(
         default=0.9, ge=0.0, le=1.0, description="cosine at which a known thesis of the same subject is the same fact"
     )

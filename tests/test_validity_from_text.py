@@ -9,6 +9,7 @@ is about an earlier time and leaves Siemens current. Through ``ChangeSetBuilder`
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -23,8 +24,8 @@ from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import EdgeKind, Vertex, VertexKind
 from services.llm.scripted import ScriptedLLM
-from services.memorize.builder import ChangeSetBuilder, KnownRef, Source
-from services.memorize.extraction import Fact, ItemFacts
+from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis_text, validity
+from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts
 from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
 from services.memorize.when import resolve
@@ -33,9 +34,11 @@ from services.retrieval.base import RetrievalRequest
 from services.retrieval.registry import get_retriever
 from services.settings import Settings
 from tests import test_forget_memory
+from tests.contract.conftest import remote_addresses
 
 embedder = test_forget_memory.embedder
 
+USER = "when-caroline"  # this module's own user: the remote store is shared with other modules' tests
 SAID = datetime(2023, 5, 12, 15, 0, tzinfo=UTC)  # Friday 12 May 2023
 AUG = datetime(2023, 8, 20, 10, 0, tzinfo=UTC)
 INGEST = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -67,6 +70,7 @@ def source(said: datetime, event_id: str = "m1", text: str = "text") -> Source:
 
 
 def fact(place: str, words: str, said: datetime, kind: str = "FACT", relation: str = "works at") -> Fact:
+    when = resolve(words, said, future=kind == "PREDICTION") if words else None
     return Fact(
         subject="Ada",
         text=f"Ada {relation} {place}.",
@@ -74,7 +78,8 @@ def fact(place: str, words: str, said: datetime, kind: str = "FACT", relation: s
         object=place,
         kind=kind,
         temporal="DYNAMIC",
-        when=resolve(words, said, future=kind == "PREDICTION") if words else None,
+        when=when,
+        unresolved=words if when is None else "",
     )
 
 
@@ -97,7 +102,10 @@ def test_the_builder_takes_validity_from_the_time_words(
     assert thesis.t_expired == (INGEST if t_invalid else None)
     assert episode.t_valid == said  # what was said when
     if words and "12" not in words:
-        assert thesis.props["when_text"] == words
+        assert thesis.props["when_text"] == words and "when_unresolved" not in thesis.props
+    if "12" in words:  # nothing said is lost: the words, in the props and (no date to show) in the text
+        assert thesis.props["when_unresolved"] == words and "when_text" not in thesis.props
+        assert thesis.name == 'Ada works at Paris (as said: "since I was 12").'
     edges = {e.id: e for e in cs.edges}
     edge = edges[relation_edge("ada", "Paris")]
     assert (edge.t_valid, edge.t_invalid, edge.invalidated_by) == (t_valid, t_invalid, None)
@@ -202,8 +210,8 @@ def resolve_pairs(request: LLMRequest) -> dict[str, Any]:
 
 def chat(n: int, text: str, said: datetime) -> ChatMessage:
     return ChatMessage(
-        event_id=f"caroline-m{n}",
-        user_id="caroline",
+        event_id=f"{USER}-m{n}",
+        user_id=USER,
         conversation_id="c1",
         speaker="Caroline",
         text=text,
@@ -212,17 +220,26 @@ def chat(n: int, text: str, said: datetime) -> ChatMessage:
     )
 
 
-@pytest.fixture
-async def memory(tmp_path: Path, embedder: MiniLMEmbedder) -> AsyncIterator[tuple[SqliteMemoryStore, MemorizeService]]:
-    store = await SqliteMemoryStore.open(tmp_path / "m.sqlite3", dim=embedder.dim)
+@pytest.fixture(params=["sqlite", pytest.param("remote", marks=pytest.mark.server)])
+async def memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: MiniLMEmbedder) -> AsyncIterator[Any]:
+    """A fresh memory, on SQLite (a file) or on the remote store (this module's user erased first)."""
+    store: Any
+    if request.param == "sqlite":
+        store = await SqliteMemoryStore.open(tmp_path / "m.sqlite3", dim=embedder.dim)
+    else:
+        from services.adapters.remote import RemoteMemoryStore
+
+        dgraph, http, grpc = remote_addresses()
+        store = await RemoteMemoryStore.open(dgraph, http, grpc, embedder.dim, prefix="MemstreamWhen")
+        await store.delete_user(USER)
     llm = ScriptedLLM({"extract": extract, "resolve": resolve_pairs}, model="scripted-when")
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
     yield store, MemorizeService(store, llm, embedder, settings)
     await store.close()
 
 
-async def theses(store: SqliteMemoryStore, obj: str) -> list[Vertex]:
-    found = await store.neighbors("caroline", [ids.object_id("caroline", obj)], [EdgeKind.THESIS])
+async def theses(store: Any, obj: str) -> list[Vertex]:
+    found = await store.neighbors(USER, [ids.object_id(USER, obj)], [EdgeKind.THESIS])
     return [t.end for t in found if t.end.kind is VertexKind.THESIS]
 
 
@@ -239,7 +256,7 @@ MEMORIZED = [
 
 @pytest.mark.parametrize(("text", "said", "obj", "t_valid", "t_invalid"), MEMORIZED)
 async def test_memorize_stores_the_validity_the_words_name(
-    memory: tuple[SqliteMemoryStore, MemorizeService],
+    memory: tuple[Any, MemorizeService],
     text: str,
     said: datetime,
     obj: str,
@@ -251,15 +268,18 @@ async def test_memorize_stores_the_validity_the_words_name(
     assert not outcome.dead_letters
     [thesis] = await theses(store, obj)
     assert (thesis.t_valid, thesis.t_invalid, thesis.invalidated_by) == (t_valid, t_invalid, None)
-    edge_id = relation_edge("caroline", obj, SCRIPT[text][0], subject="Caroline")
-    edge = (await store.get_triplets("caroline", [edge_id]))[edge_id].edge
+    words = SCRIPT[text][2]
+    if resolve(words, said) is None:  # said, with no date the resolver can place: kept as said
+        assert thesis.props["when_unresolved"] == words and f'"{words}"' in thesis.name
+    edge_id = relation_edge(USER, obj, SCRIPT[text][0], subject="Caroline")
+    edge = (await store.get_triplets(USER, [edge_id]))[edge_id].edge
     assert (edge.t_valid, edge.t_invalid) == (t_valid, t_invalid)
-    [episode] = await store.episodes("caroline", None)
+    [episode] = await store.episodes(USER, None)
     assert episode.t_valid == said
 
 
 async def test_a_later_message_about_an_earlier_time_does_not_supersede_the_newer_state(
-    memory: tuple[SqliteMemoryStore, MemorizeService],
+    memory: tuple[Any, MemorizeService],
 ) -> None:
     store, service = memory
     await service.memorize([chat(1, "I work at Siemens.", day(2023, 5, 10))])
@@ -268,13 +288,13 @@ async def test_a_later_message_about_an_earlier_time_does_not_supersede_the_newe
     assert siemens.t_invalid is None and siemens.valid_at(None)
     assert bosch.t_valid == day(2019, 1, 1)
     assert (bosch.t_invalid, bosch.invalidated_by) == (day(2023, 5, 10), siemens.id)
-    assert [v.id for v in await store.valid_theses("caroline")] == [siemens.id]
+    assert [v.id for v in await store.valid_theses(USER)] == [siemens.id]
     assert bosch.valid_at(day(2020, 6, 1)) and not siemens.valid_at(day(2020, 6, 1))
 
 
 @pytest.mark.parametrize("name", ["flat", "beamsearch"])
 async def test_as_of_sees_a_fact_from_the_day_its_words_name(
-    memory: tuple[SqliteMemoryStore, MemorizeService], embedder: MiniLMEmbedder, name: str
+    memory: tuple[Any, MemorizeService], embedder: MiniLMEmbedder, name: str
 ) -> None:
     store, service = memory
     await service.memorize([chat(1, "I went to the support group last weekend.", SAID)])
@@ -283,10 +303,10 @@ async def test_as_of_sees_a_fact_from_the_day_its_words_name(
 
     async def found(as_of: datetime) -> bool:
         request = RetrievalRequest(
-            user_id="caroline",
+            user_id=USER,
             query=query,
             query_vector=list(vector),
-            seeds=[ids.object_id("caroline", "Caroline")],
+            seeds=[ids.object_id(USER, "Caroline")],
             budget=20,
             as_of=as_of,
         )
@@ -299,7 +319,7 @@ async def test_as_of_sees_a_fact_from_the_day_its_words_name(
 
 
 async def test_forgetting_the_first_source_keeps_the_time_the_words_name(
-    memory: tuple[SqliteMemoryStore, MemorizeService], embedder: MiniLMEmbedder
+    memory: tuple[Any, MemorizeService], embedder: MiniLMEmbedder
 ) -> None:
     """Both messages date the gym to 11 May (one thesis, two sources): without the first, it still holds from
     11 May, not from when the second was said."""
@@ -309,8 +329,94 @@ async def test_forgetting_the_first_source_keeps_the_time_the_words_name(
     [thesis] = await theses(store, "gym")
     assert thesis.t_valid == day(2023, 5, 11)
     forget = ForgetService(store, store, store, embedder)
-    tombstone = test_forget_memory.tombstone(ForgetScope.MESSAGE, "caroline-m1", user="caroline")
+    tombstone = test_forget_memory.tombstone(ForgetScope.MESSAGE, f"{USER}-m1", user=USER)
     await forget.forget(tombstone, "chat")
     [kept] = await theses(store, "gym")
-    assert kept.id == thesis.id and kept.props["event_id"] == "caroline-m2"
+    assert kept.id == thesis.id and kept.props["event_id"] == f"{USER}-m2"
     assert kept.t_valid == day(2023, 5, 11)
+
+
+# --- the model-free fallback: the message's own time words when the model gave none ------------------------------
+
+# message, said at -> t_valid, t_invalid of its one fact (the model's ``when`` left empty)
+FALLBACK = [
+    ("I coached the team until June.", AUG, day(2023, 6, 1), day(2023, 7, 1)),  # ended, no start: June
+    ("I coached the team until June.", SAID, SAID, None),  # an end still to come
+    ("I coached the team till last Friday.", SAID, day(2023, 5, 5), day(2023, 5, 6)),
+    ("I coached the team up until 2020.", SAID, day(2020, 1, 1), day(2021, 1, 1)),
+    ("I coached the team from 2019 to 2021.", SAID, day(2019, 1, 1), day(2022, 1, 1)),
+    ("I coached the team from May to July.", AUG, day(2023, 5, 1), day(2023, 8, 1)),
+    ("I coached the team from June 2020 until March 2021.", SAID, day(2020, 6, 1), day(2021, 4, 1)),
+    ("I have coached the team since March 2020.", SAID, day(2020, 3, 1), None),  # since: it still holds
+    ("I have coached the team since last year.", SAID, day(2022, 1, 1), None),
+    ("I have coached the team since I was 12.", SAID, SAID, None),  # no date in it: the message time
+]
+
+
+@pytest.mark.parametrize(("text", "said", "t_valid", "t_invalid"), FALLBACK)
+def test_the_fallback_reads_until_from_to_and_since_in_the_message(
+    text: str, said: datetime, t_valid: datetime, t_invalid: datetime | None
+) -> None:
+    out = {
+        "messages": [
+            {
+                "m": 1,
+                "facts": [
+                    {
+                        "subject": "Ada",
+                        "fact": "Ada coached the team.",
+                        "relation": "coached",
+                        "object": "team",
+                        "when": "",
+                    }
+                ],
+            }
+        ]
+    }
+    [found] = ExtractTask().parse(json.dumps(out), ExtractionInput(items=[Item("Ada", text, said)]))
+    [checked] = found.facts
+    assert checked.unresolved == ""  # the model said no time words: nothing to keep
+    t_valid_found, t_invalid_found = validity(checked.when, checked.kind, said)
+    assert (t_valid_found, t_invalid_found) == (t_valid, t_invalid), checked.when
+
+
+@pytest.mark.parametrize(
+    ("words", "unresolved"),
+    [
+        ("since I was 12", "since I was 12"),  # said, and no date in it: kept
+        ("when I was a kid", "when I was a kid"),
+        ("in 2019", ""),  # not said in the message: the model's invention is not kept
+        ("", ""),
+    ],
+)
+def test_time_words_the_resolver_cannot_place_are_kept_with_the_fact(words: str, unresolved: str) -> None:
+    text = "I have coached the team since I was 12, when I was a kid."
+    out = {
+        "messages": [
+            {
+                "m": 1,
+                "facts": [
+                    {
+                        "subject": "Ada",
+                        "fact": "Ada has coached the team.",
+                        "relation": "coached",
+                        "object": "team",
+                        "when": words,
+                    }
+                ],
+            }
+        ]
+    }
+    [found] = ExtractTask().parse(json.dumps(out), ExtractionInput(items=[Item("Ada", text, SAID)]))
+    [checked] = found.facts
+    assert checked.when is None and checked.unresolved == unresolved
+    said_in_text = Fact(
+        "Ada",
+        "Ada has coached the team since she was 12.",
+        "coached",
+        "team",
+        "FACT",
+        "DYNAMIC",
+        unresolved="since she was 12",
+    )
+    assert thesis_text(said_in_text) == said_in_text.text  # the fact says them already: not twice

@@ -4,24 +4,32 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from services import ids
+from services import ids, metrics
 from services.domain import (
     ALIAS_OF,
+    HOLDER,
+    MARK_PARTNER,
     ChangeSet,
     Edge,
     EdgeInvalidation,
     EdgeKind,
     EpisodeLabel,
     Invalidation,
+    Mark,
+    PropsUpdate,
     TemporalLabel,
+    ThesisMark,
     Vertex,
     VertexKind,
+    thesis_marks,
+    with_marks,
 )
 from services.memorize.extraction import Alias, Fact, ItemFacts
+from services.memorize.labels import Outcome, Side, decide
 from services.memorize.when import When
 
 
@@ -39,7 +47,8 @@ class Source:
 
 @dataclass(frozen=True)
 class KnownRef:
-    """A known (stored, valid) thesis a new fact may replace."""
+    """A known (stored, valid) thesis judged with a new fact: the new one may replace it, contradict it or confirm
+    or refute it, as ``verdict`` and the labels of both say (``services.memorize.labels``)."""
 
     id: str
     t_valid: datetime | None
@@ -47,9 +56,24 @@ class KnownRef:
     relation: str | None = None
     #: the other valid theses the store knows to state that edge too: while one stays valid, so does the edge
     co_staters: frozenset[str] = frozenset()
+    #: the resolve verdict on the pair (``services.memorize.resolve``)
+    verdict: str = "updates"
+    name: str = ""
+    kind: EpisodeLabel = EpisodeLabel.FACT
+    temporal: TemporalLabel = TemporalLabel.DYNAMIC
+    #: its props as read (its marks and holder among them): rewritten whole when its marks change
+    props: Mapping[str, str] = field(default_factory=dict)
+    #: the props of the theses its marks name, so ending it can take its mark off them
+    partners: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, thesis: Vertex, known: Iterable[Vertex] = ()) -> KnownRef:
+    def of(
+        cls,
+        thesis: Vertex,
+        known: Iterable[Vertex] = (),
+        verdict: str = "updates",
+        partners: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> KnownRef:
         relation = ids.stated_relation(thesis.user_id, thesis.props)
         others = frozenset(
             v.id
@@ -59,7 +83,18 @@ class KnownRef:
             and v.t_invalid is None
             and ids.stated_relation(v.user_id, v.props) == relation
         )
-        return cls(thesis.id, thesis.t_valid, relation, others)
+        return cls(
+            thesis.id,
+            thesis.t_valid,
+            relation,
+            others,
+            verdict,
+            thesis.name,
+            thesis.episode_label or EpisodeLabel.FACT,
+            thesis.temporal_label or TemporalLabel.DYNAMIC,
+            dict(thesis.props),
+            dict(partners or {}),
+        )
 
 
 #: the ends of a fact an alias can name (``Fact.subject_alias``/``object_alias``; thesis props of the same names)
@@ -78,6 +113,8 @@ def fact_record(fact: Fact) -> dict[str, Any]:
             "text": fact.when.text,
         }
         record["when"] |= {k: True for k in ("ended", "open_start") if getattr(fact.when, k)}
+    if fact.unresolved:
+        record["unresolved"] = fact.unresolved
     for end in ALIAS_ENDS:
         alias = getattr(fact, f"{end}_alias")
         if alias is not None:
@@ -98,12 +135,14 @@ def fact_of(record: Mapping[str, Any]) -> Fact:
             open_start=bool(raw.get("open_start")),
         )
     )
+    fields = {k: str(record[k]) for k in ("subject", "text", "relation", "object", "kind", "temporal")}
     subject_alias, object_alias = (
         Alias(**record[f"{e}_alias"]) if record.get(f"{e}_alias") else None for e in ALIAS_ENDS
     )
     return Fact(
-        **{k: str(record[k]) for k in ("subject", "text", "relation", "object", "kind", "temporal")},
+        **fields,
         when=when,
+        unresolved=str(record.get("unresolved", "")),
         subject_alias=subject_alias,
         object_alias=object_alias,
     )
@@ -118,10 +157,17 @@ def merged_facts(episode: Vertex) -> dict[str, list[Fact]]:
 
 
 def thesis_text(fact: Fact) -> str:
-    """A fact as stored: the date it is about goes into its text, so every retriever and the reader see it."""
-    if fact.when is None:
-        return fact.text
-    return f"{fact.text.rstrip('.')} ({fact.when.describe()})."
+    """A fact as stored: the date it is about goes into its text, so every retriever and the reader see it. Time
+    words no date could be read from ("since I was 12") go in as said, unless the fact already says them."""
+    if fact.when is not None:
+        return f"{fact.text.rstrip('.')} ({fact.when.describe()})."
+    if fact.unresolved and ids.normalize_text(fact.unresolved) not in ids.normalize_text(fact.text):
+        return f'{fact.text.rstrip(".")} (as said: "{fact.unresolved}").'
+    return fact.text
+
+
+def _day(when: datetime | None) -> str:
+    return when.date().isoformat() if when is not None else ""
 
 
 def _midnight(day: date) -> datetime:
@@ -182,6 +228,10 @@ class ChangeSetBuilder:
         self._replaced: dict[str, KnownRef] = {}
         #: new theses whose own words say they stopped ("from 2019 to 2021"): their t_invalid and t_expired
         self._ended: dict[str, tuple[datetime, datetime]] = {}
+        #: per thesis whose marks this change set changes, its marks now
+        self._marks: dict[str, list[ThesisMark]] = {}
+        #: known theses whose marks may change: their props as read
+        self._known_props: dict[str, Mapping[str, str]] = {}
 
     @property
     def user_id(self) -> str:
@@ -308,6 +358,10 @@ class ChangeSetBuilder:
     def _thesis(self, fact: Fact, src: Source) -> Vertex:
         text = thesis_text(fact)
         props = {"event_id": src.event_id, "subject": fact.subject}
+        if fact.kind in (EpisodeLabel.OPINION.value, EpisodeLabel.PREDICTION.value):
+            # who thinks or expects it: an opinion is superseded only by its holder's later one, and the reader
+            # says whose it is; the subject, as extraction names it (first-person facts: the speaker)
+            props[HOLDER] = fact.subject
         if fact.object and fact.relation:
             # what a later fact is compared with: same subject and relation, another object may replace it
             props |= {"relation": ids.normalize_text(fact.relation), "object": fact.object}
@@ -322,6 +376,8 @@ class ChangeSetBuilder:
                 "when_end": fact.when.end.isoformat(),
             }
             props |= {f"when_{k}": "true" for k in ("ended", "open_start") if getattr(fact.when, k)}
+        elif fact.unresolved:
+            props["when_unresolved"] = fact.unresolved  # said, though no date could be read from it
         thesis_id = ids.thesis_id(self.user_id, text)
         t_valid, t_invalid = validity(fact.when, fact.kind, src.event_time)
         if t_invalid is not None and thesis_id not in self._vertices:
@@ -340,11 +396,64 @@ class ChangeSetBuilder:
         )
 
     def invalidate(self, old: KnownRef, new_id: str, src: Source) -> None:
+        """Apply the verdict on a known thesis and a new one under the label rules (``labels.decide``): one ends
+        the other, both are marked conflicting, or the new one confirms or refutes the known prediction."""
         new = self._vertices.get(new_id)
-        if new is not None and new.kind is VertexKind.THESIS and old.id != new_id:
-            self._invalidate(old, new, src)
+        if new is None or new.kind is not VertexKind.THESIS or old.id == new_id:
+            return
+        self._known_props.setdefault(old.id, old.props)
+        for partner, props in old.partners.items():
+            self._known_props.setdefault(partner, props)
+        known = Side(old.kind, old.temporal, old.props.get(HOLDER, ""), old.t_valid, self._in_conflict(old.id))
+        outcome = decide(old.verdict, self._side(new), known)
+        metrics.LABEL_OUTCOMES.labels(outcome.value).inc()
+        if outcome is Outcome.SUPERSEDE:
+            ended = self._invalidate(old, new, src)
+            if ended is not None:  # a thesis in conflict that ends was the wrong side: the conflict is settled
+                self._unmark_conflicts(ended)
+        elif outcome is not Outcome.KEEP:
+            mark = {Outcome.CONFLICT: Mark.CONFLICTS_WITH, Outcome.CONFIRM: Mark.CONFIRMS}.get(outcome, Mark.REFUTES)
+            self._link(new, old, mark)
 
-    def _invalidate(self, old: KnownRef, new: Vertex, src: Source) -> None:
+    def _side(self, thesis: Vertex) -> Side:
+        return Side(
+            thesis.episode_label or EpisodeLabel.FACT,
+            thesis.temporal_label or TemporalLabel.DYNAMIC,
+            thesis.props.get(HOLDER, ""),
+            thesis.t_valid,
+            self._in_conflict(thesis.id),
+        )
+
+    def _marks_of(self, thesis_id: str) -> list[ThesisMark]:
+        if thesis_id in self._marks:
+            return self._marks[thesis_id]
+        vertex = self._vertices.get(thesis_id)
+        return thesis_marks(vertex.props if vertex is not None else self._known_props.get(thesis_id, {}))
+
+    def _in_conflict(self, thesis_id: str) -> bool:
+        return any(m.mark is Mark.CONFLICTS_WITH for m in self._marks_of(thesis_id))
+
+    def _link(self, new: Vertex, old: KnownRef, mark: Mark) -> None:
+        """``new`` carries ``mark`` to ``old``, ``old`` its partner mark back (each with the other's text and date)."""
+        self._marks[new.id] = [
+            *self._marks_of(new.id),
+            ThesisMark(mark=mark, id=old.id, text=old.name, date=_day(old.t_valid)),
+        ]
+        back = ThesisMark(mark=MARK_PARTNER[mark], id=new.id, text=new.name, date=_day(new.t_valid))
+        self._marks[old.id] = [*self._marks_of(old.id), back]
+
+    def _unmark_conflicts(self, thesis_id: str) -> None:
+        """Take the conflict marks between ``thesis_id`` and its partners off both sides."""
+        partners = {m.id for m in self._marks_of(thesis_id) if m.mark is Mark.CONFLICTS_WITH}
+        if not partners:
+            return
+        self._marks[thesis_id] = [m for m in self._marks_of(thesis_id) if m.mark is not Mark.CONFLICTS_WITH]
+        for partner in partners:
+            if partner in self._vertices or partner in self._known_props:
+                kept = [m for m in self._marks_of(partner) if not (m.mark is Mark.CONFLICTS_WITH and m.id == thesis_id)]
+                self._marks[partner] = kept
+
+    def _invalidate(self, old: KnownRef, new: Vertex, src: Source) -> str | None:
         """Both times are world times: a thesis's ``t_valid`` is the time its words name (``validity``), so a later
         message about an earlier time ("Back in 2019 I worked at Bosch") does not supersede a newer state."""
         if old.t_valid is not None and new.t_valid is not None and old.t_valid > new.t_valid:
@@ -352,18 +461,19 @@ class ChangeSetBuilder:
             # ended when the old one became true, unless its own words end it before that.
             own = self._ended.get(new.id)
             if own is not None and own[0] <= old.t_valid:
-                return
+                return None
             self._invalidated.setdefault(
                 new.id,
                 Invalidation(thesis_id=new.id, invalidated_by=old.id, t_invalid=old.t_valid, t_expired=src.ingest_time),
             )
-            return
+            return new.id
         assert new.t_valid is not None
         self._invalidated.setdefault(
             old.id,
             Invalidation(thesis_id=old.id, invalidated_by=new.id, t_invalid=new.t_valid, t_expired=src.ingest_time),
         )
         self._replaced.setdefault(old.id, old)
+        return old.id
 
     def _still_stated(self, edge_id: str, known: frozenset[str] = frozenset()) -> bool:
         """Some thesis stating ``edge_id`` stays valid after this change set: a new one not invalidated on
@@ -405,8 +515,23 @@ class ChangeSetBuilder:
             )
         return list(ended.values())
 
+    def _props_updates(self) -> list[PropsUpdate]:
+        """Marks changed: a new thesis carries them in its props, a known one's props are rewritten whole."""
+        updates = []
+        for thesis_id, marks in sorted(self._marks.items()):
+            vertex = self._vertices.get(thesis_id)
+            if vertex is not None:
+                self._vertices[thesis_id] = vertex.model_copy(update={"props": with_marks(vertex.props, marks)})
+            else:
+                known = self._known_props[thesis_id]
+                props = with_marks(known, marks)
+                if props != dict(known):
+                    updates.append(PropsUpdate(thesis_id=thesis_id, props=props))
+        return updates
+
     def build(self, llm_calls: int) -> ChangeSet:
         self.cs.edge_invalidations = self._edge_validity()
+        self.cs.props_updates = self._props_updates()
         for thesis_id, (t_invalid, t_expired) in self._ended.items():
             if thesis_id not in self._invalidated:  # an invalidation on arrival is written by the store instead
                 self._vertices[thesis_id] = self._vertices[thesis_id].model_copy(

@@ -108,6 +108,8 @@ class Fact:
     kind: str
     temporal: str
     when: When | None = None
+    #: time words the message says of this fact that name no time ``resolve`` can place ("since I was 12")
+    unresolved: str = ""
     subject_alias: Alias | None = None
     object_alias: Alias | None = None
 
@@ -210,19 +212,22 @@ def render_items(data: ExtractionInput) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def _when(words: str, fact: FactOut, subject: str, item: Item, speakers: Speakers) -> When | None:
+def _when(words: str, fact: FactOut, subject: str, item: Item, speakers: Speakers) -> tuple[When | None, str]:
     """When the fact happened: from the time words the model copied, else from the message's one time phrase
-    (a small model often leaves ``when`` empty); either only if the fact comes from the clause those words date."""
+    (a small model often leaves ``when`` empty); either only if the fact comes from the clause those words date.
+    Second: the model's words, when the message says them and they date this fact but name no time the resolver
+    can place ("since I was 12"): kept with the fact so nothing said is lost."""
     phrases = time_words(item.text)
     if words and words.casefold() in item.text.casefold():
         # the model's words, dated by their own clause if they are a phrase we know, else by the message
         phrases = [(p, c) for p, c in phrases if p.casefold() == words.casefold()] or [(words, item.text)]
     if len(phrases) != 1:
-        return None
+        return None, ""
     phrase, context = phrases[0]
     if grounding(fact.fact, subject, context, speakers) < MIN_GROUNDING:
-        return None
-    return resolve(phrase, item.time, future=fact.kind == "PREDICTION" or sounds_future(context))
+        return None, ""
+    when = resolve(phrase, item.time, future=fact.kind == "PREDICTION" or sounds_future(context))
+    return when, " ".join(phrase.split()) if when is None else ""
 
 
 class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
@@ -297,8 +302,10 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
                 source = inputs.items[target - 1]
                 if any(ids.normalize_text(f.text) == ids.normalize_text(text) for f in results[target - 1].facts):
                     continue
-                when = _when(raw.when, raw, subject, source, speakers)
-                results[target - 1].facts.append(Fact(subject, text, raw.relation, obj, raw.kind, raw.temporal, when))
+                when, unresolved = _when(raw.when, raw, subject, source, speakers)
+                results[target - 1].facts.append(
+                    Fact(subject, text, raw.relation, obj, raw.kind, raw.temporal, when, unresolved)
+                )
         return results
 
     @staticmethod

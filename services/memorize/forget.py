@@ -8,8 +8,11 @@ From the episodes a tombstone names, the erasure follows the provenance the memo
   one, as if the forgotten one had never been said;
 - a relation edge first written by a forgotten source stays only while a remaining thesis states it;
 - a thesis that a removed thesis had invalidated is valid again;
+- a mark naming a removed thesis (a conflict, a prediction's confirmation or refutation) goes from the thesis
+  that carries it, so none points at nothing;
 - a kept relation edge is valid while a remaining thesis stating it is (so the edge of a thesis made valid again
-  is valid again), and otherwise ended when the last of them was;
+  is valid again), and otherwise ended when the last of them was; it did not hold between their times (its gaps,
+  ``services.validity``), and a thesis's gap that a removed thesis began goes;
 - the cached model answers built from the forgotten events, and those built from the user's memory at large
   (questions, contradiction checks), go too;
 - the forgotten event ids stay recorded, so a redelivered or replayed event is not memorized again.
@@ -25,11 +28,12 @@ from datetime import datetime
 
 from schemas.events import Forget, ForgetScope, MemoryForgotten
 from services import ids, metrics
-from services.domain import ChangeSet, Edge, EdgeKind, Erasure, Triplet, Vertex, VertexKind
+from services.domain import ChangeSet, Edge, EdgeKind, Erasure, Triplet, Vertex, VertexKind, thesis_marks, with_marks
 from services.logging import get_logger
 from services.memorize.builder import MERGED, ChangeSetBuilder, Source, merged_facts, valid_from_props
 from services.memorize.extraction import Fact, ItemFacts
 from services.ports import Embedder, ForgetStore, GraphStore, KeyValueCache, VectorItem
+from services.validity import without_gaps_by
 
 log = get_logger(__name__)
 
@@ -57,15 +61,6 @@ def _sort_key(episode: Vertex) -> tuple[bool, datetime | None, str]:
 def _stated_relation(user_id: str, thesis: Vertex) -> str | None:
     """The relation edge id a thesis wrote (``ChangeSetBuilder.add``), if it wrote one."""
     return ids.stated_relation(user_id, thesis.props)
-
-
-def _validity(edge: Edge, staters: list[Vertex]) -> dict[str, object]:
-    """A relation edge's invalidation as its remaining staters give it: valid while one of them is; otherwise it
-    ended when the last of them did (as ``ChangeSetBuilder`` ends it when it invalidates its last valid stater)."""
-    if any(v.t_invalid is None for v in staters):
-        return {"t_invalid": None, "t_expired": None, "invalidated_by": None}
-    last = max(staters, key=lambda v: (v.t_expired is not None, v.t_expired, v.t_invalid, v.id))
-    return {"t_invalid": last.t_invalid, "t_expired": last.t_expired, "invalidated_by": last.invalidated_by}
 
 
 class _Plan:
@@ -133,6 +128,11 @@ class _Plan:
         """Edges at a removed vertex go; kept thesis and relation edges whose first source went are re-derived."""
         stated: dict[str, dict[str, Vertex]] = {}
         theses = [v for t in around for v in (t.start, t.end) if v.kind is VertexKind.THESIS]
+        for thesis in theses:
+            # a gap a removed thesis began is gone with it: as if the thesis had never been invalidated then
+            mended = without_gaps_by(self.current(thesis).props, self.delete_vertices)
+            if mended is not None and thesis.id not in self.delete_vertices:
+                self.puts[thesis.id] = self.current(thesis).model_copy(update={"props": mended})
         for vertex in [*theses, *self.puts.values()]:
             if vertex.kind is VertexKind.THESIS and vertex.id not in self.delete_vertices:
                 edge_id = _stated_relation(self.user_id, self.current(vertex))
@@ -146,10 +146,10 @@ class _Plan:
                     self.delete_relations.add(edge.id)
                 continue
             if edge.kind is EdgeKind.RELATION and edge.id in stated:
-                validity = _validity(edge, list(stated[edge.id].values()))
                 current = self.edge_puts.get(edge.id, edge)
-                if any(getattr(current, k) != v for k, v in validity.items()):
-                    self.edge_puts[edge.id] = current.model_copy(update=validity)
+                derived = current.stated_by(list(stated[edge.id].values()))
+                if derived != current:
+                    self.edge_puts[edge.id] = derived
             if edge.props.get("event_id") not in self.events:
                 continue
             if edge.kind is EdgeKind.RELATION:
@@ -163,8 +163,8 @@ class _Plan:
                 source = self.current(t.end)
             else:
                 continue
-            props = {**edge.props, "event_id": source.props.get("event_id", "")}
             current = self.edge_puts.get(edge.id, edge)
+            props = {**current.props, "event_id": source.props.get("event_id", "")}
             self.edge_puts[edge.id] = current.model_copy(update={"props": props, "t_valid": source.t_valid})
 
     def rewritten(self) -> ChangeSet:
@@ -220,6 +220,17 @@ class _Plan:
             self.vectors = [
                 VectorItem(id=i, kind=k, text=t, vector=list(v)) for (i, k, t), v in zip(new, embedded, strict=True)
             ]
+
+    def unmark(self, partners: Iterable[Vertex]) -> None:
+        """The marks that name a removed thesis go from the kept theses that carry them."""
+        for partner in partners:
+            if partner.id in self.delete_vertices:
+                continue
+            current = self.current(partner)
+            marks = thesis_marks(current.props)
+            kept = [m for m in marks if m.id not in self.delete_vertices]
+            if kept != marks:
+                self.puts[partner.id] = current.model_copy(update={"props": with_marks(current.props, kept)})
 
     def restore(self, invalidated: list[Vertex]) -> list[str]:
         """Theses a removed thesis had invalidated are valid again; returns the relation edges they state."""
@@ -336,4 +347,8 @@ class ForgetService:
         # a thesis reworded goes though it keeps sources: its episodic edges to them go with it
         plan.edges([*around, *extra.values(), *episodic])
         await plan.apply_rewritten(self.graph, self.embedder)
+        # marks are kept on both sides: a removed thesis's own marks name the kept theses that name it
+        named = {m.id for v in linked.values() if v.id in plan.delete_vertices for m in thesis_marks(v.props)}
+        if named - plan.delete_vertices:
+            plan.unmark((await self.graph.get_vertices(user, sorted(named - plan.delete_vertices))).values())
         return plan

@@ -1,12 +1,15 @@
 """After extraction: is a new fact already known, or does it make a known one no longer true?
 
-Candidates are found per fact by memorize (the valid theses with the same subject and relation but another
-object), never shown to the extractor. Only when a fact has candidates is the model asked, once per batch, a flat
-question per pair: ``compatible`` (both hold), ``updates`` (the known one stopped being true: a new job, home,
-plan) or ``same`` (nothing new: the known thesis gains this message as a source). The schema fixes one verdict
-per pair.
+Candidates are found per fact by memorize (the valid theses sharing an entity with it and stating the same
+relation to another one, plus its nearest valid theses by meaning about the same entities), never shown to the
+extractor. Only when a fact has candidates is the model asked, once per batch, a flat question per pair:
+``compatible`` (both hold), ``updates`` (the known one stopped being true: a new job, home, plan) or ``same``
+(nothing new: the known thesis gains this message as a source); for a KNOWN prediction also ``confirms`` /
+``refutes`` (it came true, or did not). The schema fixes one verdict per pair, from those its pair allows. What
+a verdict does is decided in code from the labels of both theses (``services.memorize.labels``).
 
-Scripted-LLM contract (task name ``resolve``): ``{"pairs": [{"p": 1, "verdict": "same|updates|compatible"}]}``.
+Scripted-LLM contract (task name ``resolve``): ``{"pairs": [{"p": 1, "verdict":
+"same|updates|compatible|confirms|refutes"}]}``; a KNOWN prediction's line reads ``KNOWN (date, prediction): ``.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.llm.task import LLMTask, numbered_pairs_schema
+from services.llm.task import LLMTask
 from services.ports import LLMMessage
 
-Verdict = Literal["same", "updates", "compatible"]
+Verdict = Literal["same", "updates", "compatible", "confirms", "refutes"]
+PLAIN: tuple[Verdict, ...] = ("same", "updates", "compatible")
+ON_PREDICTION: tuple[Verdict, ...] = (*PLAIN, "confirms", "refutes")
 
 
 class PairOut(BaseModel):
@@ -39,15 +44,23 @@ class ResolveOut(BaseModel):
 @dataclass(frozen=True)
 class Pair:
     new: str
+    #: the world time each is about (``builder.validity``), not when it was said
     new_time: datetime
     known: str
     known_time: datetime | None
+    #: the known one is a PREDICTION: it may also be confirmed or refuted
+    known_prediction: bool = False
+
+    @property
+    def allowed(self) -> tuple[Verdict, ...]:
+        return ON_PREDICTION if self.known_prediction else PLAIN
 
 
 SYSTEM = """You keep a memory up to date. For each numbered pair, compare the NEW statement with the KNOWN one \
 about the same person and answer with one verdict: "compatible" if both can be true together (most pairs); \
 "updates" only if NEW shows that KNOWN is no longer true (a changed job, home, relationship or plan); \
-"same" if NEW says nothing that KNOWN does not already say. Output JSON only."""
+"same" if NEW says nothing that KNOWN does not already say. When KNOWN is a prediction, also "confirms" if NEW \
+shows it came true, "refutes" if NEW shows it did not. Output JSON only."""
 
 EXAMPLE_IN = """[1] NEW (2023-06-02): Anna visited Rome.
     KNOWN (2023-05-01): Anna visited Paris.
@@ -56,11 +69,15 @@ EXAMPLE_IN = """[1] NEW (2023-06-02): Anna visited Rome.
 [3] NEW (2023-06-02): Anna likes tennis.
     KNOWN (2023-05-01): Anna likes hiking.
 [4] NEW (2023-06-02): Anna lives in Munich.
-    KNOWN (2023-05-01): Anna lives in Munich, Germany."""
+    KNOWN (2023-05-01): Anna lives in Munich, Germany.
+[5] NEW (2023-06-02): Anna got the job at Siemens.
+    KNOWN (2023-05-01, prediction): Anna will get the job at Siemens.
+[6] NEW (2023-06-02): Anna's flight to Rome was cancelled.
+    KNOWN (2023-05-01, prediction): Anna will fly to Rome in June."""
 
 EXAMPLE_OUT = (
     '{"pairs":[{"p":1,"verdict":"compatible"},{"p":2,"verdict":"updates"},{"p":3,"verdict":"compatible"},'
-    '{"p":4,"verdict":"same"}]}'
+    '{"p":4,"verdict":"same"},{"p":5,"verdict":"confirms"},{"p":6,"verdict":"refutes"}]}'
 )
 
 
@@ -75,7 +92,8 @@ class ResolveTask(LLMTask[ResolveOut, list[Verdict]]):
 
     def messages(self, inputs: list[Pair]) -> list[LLMMessage]:
         lines = [
-            f"[{n}] NEW ({_date(p.new_time)}): {p.new}\n    KNOWN ({_date(p.known_time)}): {p.known}"
+            f"[{n}] NEW ({_date(p.new_time)}): {p.new}\n"
+            f"    KNOWN ({_date(p.known_time)}{', prediction' if p.known_prediction else ''}): {p.known}"
             for n, p in enumerate(inputs, start=1)
         ]
         return [
@@ -89,9 +107,21 @@ class ResolveTask(LLMTask[ResolveOut, list[Verdict]]):
         schema = self.output_model.model_json_schema()
         if not isinstance(inputs, list):
             return schema
-        return numbered_pairs_schema(schema, len(inputs))
+        entry = schema["$defs"]["PairOut"]
+        numbered = [
+            {
+                **entry,
+                "properties": {"p": {"const": n}, "verdict": {"type": "string", "enum": list(pair.allowed)}},
+                "required": ["p", "verdict"],
+            }
+            for n, pair in enumerate(inputs, start=1)
+        ]
+        pairs = {"type": "array", "prefixItems": numbered, "minItems": len(inputs), "maxItems": len(inputs)}
+        return {**schema, "properties": {"pairs": pairs}, "required": ["pairs"]}
 
     def postprocess(self, output: ResolveOut, inputs: list[Pair]) -> list[Verdict]:
         verdicts: dict[int, Verdict] = {pair.p: pair.verdict for pair in output.pairs}
-        # a pair the model skipped keeps both statements: losing a true fact is worse than keeping an old one
-        return [verdicts.get(n, "compatible") for n in range(1, len(inputs) + 1)]
+        # a pair the model skipped, or gave a verdict its pair does not allow, keeps both statements: losing a
+        # true fact is worse than keeping an old one
+        found = [verdicts.get(n, "compatible") for n in range(1, len(inputs) + 1)]
+        return [v if v in pair.allowed else "compatible" for v, pair in zip(found, inputs, strict=True)]

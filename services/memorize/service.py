@@ -17,15 +17,15 @@ from typing import TypeVar
 from schemas.events import ChatMessage, DeadLetter, Document, MemoryUpdate
 from services import ids, metrics
 from services.backends import BackendUnavailable
-from services.domain import Announcement, ChangeSet, EdgeKind, Vertex, VertexKind
+from services.domain import Announcement, ChangeSet, EdgeKind, EpisodeLabel, Vertex, VertexKind, thesis_marks
 from services.llm.layers import TRANSIENT_ERRORS, attempts_made
 from services.llm.scope import llm_scope
 from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
-from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis_text
+from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis_text, validity
 from services.memorize.chunking import chunk_text
 from services.memorize.entities import EntityResolver
-from services.memorize.extraction import ExtractionInput, ExtractTask, Item, ItemFacts
+from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts
 from services.memorize.resolve import Pair, ResolveTask
 from services.ports import LLM, AnnouncementLog, Embedder, MemoryStore, VectorItem
 from services.settings import Settings
@@ -69,6 +69,19 @@ def _units(event: MemoryEvent, chunk_chars: int) -> list[_Unit]:
         source = Source(event.event_id, n, chunk, event.event_time, event.ingest_time, props)
         units.append(_Unit(event, source, Item(event.title, chunk, event.event_time, document=True)))
     return units
+
+
+def _entities(fact: Fact) -> list[str]:
+    """The entities a fact is about: its subject, and its object if it names one."""
+    return [fact.subject, fact.object] if fact.object else [fact.subject]
+
+
+def _rival(fact: Fact, old: Vertex) -> bool:
+    """``old`` states the same relation as ``fact`` between another pair of entities (it shares one with it)."""
+    if not fact.object or not fact.relation or old.props.get("relation") != ids.normalize_text(fact.relation):
+        return False
+    ends = (ids.normalize_name(fact.subject), ids.normalize_name(fact.object))
+    return (ids.normalize_name(old.props.get("subject", "")), ids.normalize_name(old.props.get("object", ""))) != ends
 
 
 def _tokens(text: str) -> int:
@@ -282,48 +295,65 @@ class MemorizeService:
     ) -> tuple[dict[int, dict[int, str]], dict[int, list[tuple[int, KnownRef]]], int]:
         """Duplicates and contradictions of the new facts among the user's valid theses, after extraction.
 
-        - A known thesis about the same subject nearly equal in meaning (cosine >= ``duplicate_min_similarity``)
-          is the same fact: the new one becomes a source of it, no call needed.
-        - A known thesis with the same subject and relation but another object ("works at Siemens" / "works at
-          St. Mary's") may have stopped being true: those pairs, and only those, are judged by one ``resolve``
-          call. (A small model asked about every similar pair answers "updates" to all of them.)
+        - A known thesis of the same kind about the same subject nearly equal in meaning (cosine >=
+          ``duplicate_min_similarity``) is the same fact: the new one becomes a source of it, no call needed.
+        - Candidates per new fact, at most ``invalidation_candidates``: the known theses sharing an entity with it
+          that state the same relation to another one ("works at Siemens" / "works at St. Mary's"), then its
+          nearest known theses by meaning (cosine >= ``contradiction_min_similarity``) about the same entities
+          ("is employed by Bosch"). All pairs of a batch are judged by one ``resolve`` call, so calls per message
+          do not grow. (A small model asked about every similar pair answers "updates" to all of them.)
+        - What a verdict does follows the labels of both theses (``ChangeSetBuilder.invalidate``).
 
-        Returns, per unit: facts that repeat a known thesis (fact -> thesis id), the known theses a fact makes no
-        longer true, and the calls made."""
+        Returns, per unit: facts that repeat a known thesis (fact -> thesis id), the known theses judged with a
+        fact (their verdict in ``KnownRef.verdict``), and the calls made."""
         facts = [(u, n, fact) for u, f in enumerate(found) for n, fact in enumerate(f.facts)]
         if self.settings.invalidation_candidates == 0 or not facts:
             return {}, {}, 0
         same_as: dict[int, dict[int, str]] = {}
-        near: list[list[str]] = []
+        near: list[list[tuple[str, float]]] = []
         for _, _, fact in facts:
             text = thesis_text(fact)
             new_id = ids.thesis_id(user_id, text)
-            hits = await self.store.search(user_id, [VertexKind.THESIS.value], vectors[text], None, k=3)
-            near.append([h.id for h in hits if h.score >= self.settings.duplicate_min_similarity and h.id != new_id])
-        known = await self.store.get_vertices(user_id, sorted({i for found_ids in near for i in found_ids}))
-        for (unit_n, fact_n, fact), found_ids in zip(facts, near, strict=True):
-            for hit in found_ids:
+            k = 3 + self.settings.invalidation_candidates
+            found_hits = await self.store.search(user_id, [VertexKind.THESIS.value], vectors[text], None, k=k)
+            near.append([(h.id, h.score) for h in found_hits if h.id != new_id])
+        known = await self.store.get_vertices(user_id, sorted({i for scored in near for i, _ in scored}))
+        for (unit_n, fact_n, fact), scored in zip(facts, near, strict=True):
+            for hit, score in scored:
                 old = known.get(hit)
-                if old is not None and old.t_invalid is None and old.props.get("subject") == fact.subject:
+                if score < self.settings.duplicate_min_similarity or old is None:
+                    continue
+                # of the same kind: "Ben got the job" is no repeat of "Ben will get the job" but what it came to
+                same_kind = old.episode_label is None or old.episode_label.value == fact.kind
+                if old.t_invalid is None and old.props.get("subject") == fact.subject and same_kind:
                     same_as.setdefault(unit_n, {})[fact_n] = old.id
                     break
-        subjects = sorted({fact.subject for _, _, fact in facts})
-        about = {s: await self.store.valid_theses(user_id, [ids.object_id(user_id, s)], limit=200) for s in subjects}
+        entities = sorted({name for _, _, fact in facts for name in _entities(fact)})
+        about = {e: await self.store.valid_theses(user_id, [ids.object_id(user_id, e)], limit=200) for e in entities}
         pairs: list[tuple[int, int, Vertex]] = []
-        for unit_n, fact_n, fact in facts:
-            if fact_n in same_as.get(unit_n, {}) or not fact.object or not fact.relation:
+        for (unit_n, fact_n, fact), scored in zip(facts, near, strict=True):
+            if fact_n in same_as.get(unit_n, {}):
                 continue
-            relation, obj = ids.normalize_text(fact.relation), ids.normalize_name(fact.object)
-            rivals = [
-                old
-                for old in about[fact.subject]
-                if old.props.get("relation") == relation and ids.normalize_name(old.props.get("object", "")) != obj
+            shared = {v.id: v for e in _entities(fact) for v in about[e]}
+            rivals = [old for old in shared.values() if _rival(fact, old)]
+            nearest = [
+                shared[hit]
+                for hit, score in scored
+                if hit in shared and score >= self.settings.contradiction_min_similarity
             ]
-            pairs.extend((unit_n, fact_n, old) for old in rivals[: self.settings.invalidation_candidates])
+            candidates = list({v.id: v for v in [*rivals, *nearest]}.values())
+            pairs.extend((unit_n, fact_n, old) for old in candidates[: self.settings.invalidation_candidates])
         if not pairs:
             return same_as, {}, 0
         task_input = [
-            Pair(thesis_text(found[u].facts[f]), units[u].item.time, old.name, old.t_valid) for u, f, old in pairs
+            Pair(
+                thesis_text(found[u].facts[f]),
+                validity(found[u].facts[f].when, found[u].facts[f].kind, units[u].item.time)[0],
+                old.name,
+                old.t_valid,
+                known_prediction=old.episode_label is EpisodeLabel.PREDICTION,
+            )
+            for u, f, old in pairs
         ]
         try:
             with llm_scope(user_id):  # it reads known theses too: filed under the user's memory at large
@@ -333,14 +363,20 @@ class MemorizeService:
             metrics.EXTRACTION_FAILURES.labels(reason="resolve_failed").inc()
             log.warning("resolve_failed_keeping_both", user_id=user_id, pairs=len(pairs), error=str(exc))
             return same_as, {}, getattr(exc, "attempts", 1)
+        judged = [(p, v) for p, v in zip(pairs, result.value, strict=True) if v not in ("same", "compatible")]
+        # the theses the judged ones are marked against: ending one takes its mark off them
+        marked = {m.id for (_, _, old), _ in judged for m in thesis_marks(old.props)}
+        partners = await self.store.get_vertices(user_id, sorted(marked)) if marked else {}
         replaced: dict[int, list[tuple[int, KnownRef]]] = {}
         for (unit_n, fact_n, old), verdict in zip(pairs, result.value, strict=True):
             metrics.RESOLVE_VERDICTS.labels(verdict).inc()
             if verdict == "same":
                 same_as.setdefault(unit_n, {}).setdefault(fact_n, old.id)
-            elif verdict == "updates":
-                known_about = about[found[unit_n].facts[fact_n].subject]
-                replaced.setdefault(unit_n, []).append((fact_n, KnownRef.of(old, known_about)))
+            elif verdict != "compatible":
+                known_about = [v for e in _entities(found[unit_n].facts[fact_n]) for v in about[e]]
+                theirs = {m.id: partners[m.id].props for m in thesis_marks(old.props) if m.id in partners}
+                ref = KnownRef.of(old, known_about, verdict, theirs)
+                replaced.setdefault(unit_n, []).append((fact_n, ref))
         return same_as, replaced, result.calls
 
     async def _write(

@@ -47,6 +47,9 @@ _AGO = re.compile(rf"\b{_NUM}\s+(day|week|month|year)s?\s+ago\b")
 _FOR = re.compile(rf"\b(?:for|since)\s+(?:the\s+(?:last|past)\s+)?{_NUM}\s+(day|week|month|year)s?\b")
 _YEAR = re.compile(r"^(?:in|during|since|back in)?\s*((?:19|20)\d\d)$")
 _MONTH = re.compile(r"^(?:in|during|since|last|this|next)?\s*(" + "|".join(calendar.month_name[1:]).lower() + r")$")
+_MONTH_YEAR = re.compile(
+    r"^(?:in|during|since|back in)?\s*(" + "|".join(calendar.month_name[1:]).lower() + r")\s+(?:of\s+)?((?:19|20)\d\d)$"
+)
 _UNTIL = re.compile(r"^(?:up\s+)?(?:until|till|til|up to)\s+(.+)$")
 _RANGE = re.compile(r"^(?:from|between)\s+(.+?)\s+(?:to|until|till|and|through)\s+(.+)$")
 _VAGUE = re.compile(r"\b(recently|lately|the other day|soon|someday|sometime|always|ever|now|these days)\b")
@@ -54,14 +57,30 @@ _VAGUE = re.compile(r"\b(recently|lately|the other day|soon|someday|sometime|alw
 
 _WEEKDAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun)"
 _MONTH_NAME = "(?:" + "|".join(calendar.month_name[1:]).lower() + ")"
-#: Time words as they occur in running text, for a fact whose model gave none (longest alternatives first).
+_YEAR_WORD = r"(?:19|20)\d\d"
+#: a time as it occurs in running text, alone or after "until", "since", "from ... to" (longest alternatives first)
+_DATE = (
+    r"(?:the day before yesterday|yesterday|today|tonight|tomorrow|last night|this morning|"
+    rf"(?:last|past|previous|this|next|coming) (?:week(?:end)?|month|year|{_WEEKDAY}|summer|winter|spring|fall)|"
+    rf"{_NUM} (?:day|week|month|year)s? ago|"
+    rf"{_MONTH_NAME} \d{{1,2}}(?:st|nd|rd|th)?(?:,? {_YEAR_WORD})?|"
+    rf"{_MONTH_NAME}(?: (?:of )?{_YEAR_WORD})?|"
+    rf"{_YEAR_WORD}|"
+    rf"(?:last |next |this |on )?{_WEEKDAY})"
+)
+#: Time words in running text, for a fact whose model gave none or gave words the message does not say. A range
+#: ("from 2019 to 2021") and an end ("until June", "till last Friday") say the state stopped; ``resolve`` reads
+#: them as it reads the model's words (``When.ended``, ``When.open_start``), so both paths agree.
 _IN_TEXT = re.compile(
     r"\b(?:"
+    rf"(?:from|between) {_DATE} (?:to|until|till|through|and) {_DATE}|"
+    rf"(?:up until|until|till|up to) {_DATE}|"
+    rf"(?:since|back in) {_DATE}|"
+    rf"in (?:{_YEAR_WORD}|{_MONTH_NAME}(?: {_YEAR_WORD})?)|"
     r"the day before yesterday|yesterday|today|tonight|tomorrow|last night|this morning|"
     rf"(?:last|past|previous|this|next|coming) (?:week(?:end)?|month|year|{_WEEKDAY}|summer|winter|spring|fall)|"
     rf"{_NUM} (?:day|week|month|year)s? ago|"
     rf"(?:on|last|next|this) {_WEEKDAY}|"
-    rf"(?:in|since|back in) (?:(?:19|20)\d\d|{_MONTH_NAME})|"
     rf"{_MONTH_NAME} \d{{1,2}}(?:st|nd|rd|th)?"
     r")\b",
     re.IGNORECASE,
@@ -214,6 +233,8 @@ def resolve(words: str, said_at: datetime, future: bool = False) -> When | None:
     elif match := _YEAR.match(text):
         year = int(match.group(1))
         found = (date(year, 1, 1), date(year, 12, 31))
+    elif match := _MONTH_YEAR.match(text):
+        found = _month(int(match.group(2)), [m.lower() for m in calendar.month_name].index(match.group(1)))
     elif match := _MONTH.match(text):
         month = [m.lower() for m in calendar.month_name].index(match.group(1))
         if future or text.startswith("next"):

@@ -130,6 +130,7 @@ class Trace(Span):
     trace_id: str | None = None
     user_id: str | None = None
     question: str | None = None
+    as_of: datetime | None = Field(default=None, description="the question's as_of: memory as it held then")
     status: TraceStatus = "waiting"
     asked_at: datetime | None = None
     answered_at: datetime | None = None
@@ -271,6 +272,7 @@ def assemble(
     trace = Trace(query_id=query_id, trace_id=trace_id, user_id=user_id)
     if query is not None:
         trace.user_id, trace.question, trace.asked_at = query.user_id, query.question, query.ingest_time
+        trace.as_of = query.as_of
     builder = _Builder(trace)
     for run in sorted((r for r in runs if r.trace_id == trace_id), key=lambda r: r.seq):
         builder.add(run)

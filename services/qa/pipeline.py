@@ -574,7 +574,7 @@ class _Run:
         async with self.recorder.stage(Stage.SUMMARISE, clue_query_id=clue.id, **ctx) as scope:
             if clue.triplets:
                 inputs = ClueAnswerInput(
-                    query=clue.text, memory=[t.text for t in clue.triplets], as_of=self.query.as_of
+                    query=clue.text, memory=[t.context for t in clue.triplets], as_of=self.query.as_of
                 )
                 try:
                     clue.answer = await self._task(scope, ClueAnswerTask(), inputs)

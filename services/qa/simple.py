@@ -1,7 +1,8 @@
 """Minimal QA path: retrieve the user's theses by similarity, answer with the LLM from them only.
 
 Scripted-LLM contract (task name ``answer``): reply ``{"answer": "...", "found": true|false}``; the prompt's last
-user message lists the memory as lines ``"- [date] thesis"`` after ``MEMORY:`` and the question after
+user message lists the memory as lines ``"- [date] thesis"`` (``Vertex.context``: an opinion or prediction
+with its label and holder, marks such as "conflicts with: ..." after it) after ``MEMORY:`` and the question after
 ``QUESTION:``.
 """
 
@@ -38,7 +39,9 @@ class AnswerInput:
 
 
 SYSTEM = """You answer questions about a user's conversations using ONLY the MEMORY lines (dated statements).
-Prefer the most recent statement when they disagree. If MEMORY does not contain the answer, reply found=false and
+Prefer the most recent statement when they disagree, but a line that "conflicts with" another is disputed: give
+both. An OPINION or PREDICTION line is what its holder thought or expected: say whose and when ("Ben thought in
+March that ..."), and whether it was confirmed or refuted. If MEMORY does not contain the answer, reply found=false and
 answer "No answer". Be brief: a phrase or one sentence. Output JSON only."""
 
 
@@ -48,7 +51,7 @@ class AnswerTask(LLMTask[AnswerOut, AnswerOut]):
     max_tokens = 200
 
     def messages(self, inputs: AnswerInput) -> list[LLMMessage]:
-        memory = "\n".join(f"- {v.text}" for v in inputs.memory) or "(empty)"
+        memory = "\n".join(f"- {v.context}" for v in inputs.memory) or "(empty)"
         return [
             LLMMessage(role="system", content=SYSTEM),
             LLMMessage(role="user", content=f"MEMORY:\n{memory}\nQUESTION: {inputs.question}"),

@@ -14,7 +14,16 @@ from datetime import UTC, datetime
 import pytest
 
 from services import ids
-from services.domain import ChangeSet, Edge, EdgeInvalidation, EdgeKind, Invalidation, Vertex, VertexKind
+from services.domain import (
+    ChangeSet,
+    Edge,
+    EdgeInvalidation,
+    EdgeKind,
+    Invalidation,
+    PropsUpdate,
+    Vertex,
+    VertexKind,
+)
 from services.ports import AnnouncementLog, MemoryStore, VectorItem
 
 DIM = 8
@@ -182,6 +191,22 @@ async def test_first_invalidation_wins(memory_store: MemoryStore, alice: World) 
     assert result.theses_invalidated == 0
     paris = (await memory_store.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]]
     assert paris.invalidated_by == alice.id["t_berlin"] and paris.t_invalid == T2024
+
+
+async def test_a_known_thesis_props_are_rewritten_within_its_user(
+    memory_store: MemoryStore, alice: World, bob: World
+) -> None:
+    """``ChangeSet.props_updates`` (a thesis's marks changed): its props whole; another user's thesis untouched."""
+    await load(memory_store, alice)
+    await load(memory_store, bob)
+    marked = {"marks": '[{"id":"t_x","mark":"conflicts_with","text":"x"}]', "subject": "Alice"}
+    updates = [PropsUpdate(thesis_id=alice.id["t_paris"], props=marked)]
+    await memory_store.apply(alice.change_set(["m3"], []).model_copy(update={"props_updates": updates}), [])
+    # bob's change set naming alice's thesis id changes nothing of hers (the ids differ per user anyway)
+    theirs = [PropsUpdate(thesis_id=alice.id["t_paris"], props={"subject": "Bob"})]
+    await memory_store.apply(bob.change_set(["m3"], []).model_copy(update={"props_updates": theirs}), [])
+    assert (await memory_store.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]].props == marked
+    assert (await memory_store.get_vertices("bob", [bob.id["t_paris"]]))[bob.id["t_paris"]].props == {}
 
 
 def ended(w: World, key: str, by: str, when: datetime) -> EdgeInvalidation:

@@ -3,6 +3,7 @@ sort keys, BM25 query text, and the schema rewrite that keeps Ollama's grammar c
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,9 +12,10 @@ from typing import Any
 import pytest
 
 from services import ids
-from services.adapters.dgraph import queries, schema_text
+from services.adapters.dgraph import queries, schema_text, upgrade
 from services.adapters.dgraph.codec import rank_key
 from services.adapters.dgraph.write import (
+    Ended,
     announced_upsert,
     change_set_upsert,
     delete_user_upsert,
@@ -24,7 +26,17 @@ from services.adapters.ollama.schema import ollama_schema, portable_pattern
 from services.adapters.remote import RemoteMemoryStore
 from services.adapters.weaviate.collections import tenant_name
 from services.adapters.weaviate.store import bm25_text
-from services.domain import Announcement, ApplyResult, ChangeSet, Edge, EdgeKind, Invalidation, Vertex, VertexKind
+from services.domain import (
+    Announcement,
+    ApplyResult,
+    ChangeSet,
+    Edge,
+    EdgeKind,
+    Invalidation,
+    PropsUpdate,
+    Vertex,
+    VertexKind,
+)
 from services.settings import Settings
 
 HOSTILE = '"}) { leak(func: has(vertex.id)) { uid } } # uid(a0) val(x) $u [1, 2]'
@@ -55,6 +67,9 @@ def hostile_change_set() -> ChangeSet:
         queries.change_sets_of(HOSTILE, [HOSTILE]),
         queries.pending_announcements(HOSTILE, [HOSTILE]),
         queries.stats(HOSTILE),
+        queries.ended(HOSTILE, [HOSTILE], [HOSTILE]),
+        upgrade.theses_page(HOSTILE, 0),
+        upgrade.valid_edges(HOSTILE, [HOSTILE]),
     ],
 )
 def test_reads_carry_user_text_only_as_variables(built: tuple[queries.Params, str]) -> None:
@@ -71,7 +86,29 @@ def test_writes_carry_user_text_only_as_variables_and_typed_values() -> None:
     assert HOSTILE not in up.query
     announcement = Announcement.of(hostile_change_set(), ApplyResult())
     marked = events_upsert(HOSTILE, [HOSTILE], HOSTILE, announcement)
-    for upsert in (up, marked, announced_upsert(HOSTILE, [HOSTILE]), delete_user_upsert(HOSTILE)):
+    # a restated relation edge and thesis the store has ended (hostile props), and the upgrade's derived edges
+    when = datetime(2020, 1, 1, tzinfo=UTC)
+    restated = hostile_change_set()
+    relation = Edge(
+        id="r_" + HOSTILE,
+        user_id=HOSTILE,
+        kind=EdgeKind.RELATION,
+        source=restated.vertices[0].id,
+        target=restated.vertices[0].id,
+        relation=HOSTILE,
+        t_valid=when,
+    )
+    restated.edges = [relation]
+    restated.invalidations = []
+    thesis = restated.vertices[1].model_copy(update={"t_valid": when})
+    restated.vertices[1] = thesis
+    ended = {k: Ended(when, {"k": HOSTILE}, HOSTILE) for k in (relation.id, thesis.id)}
+    reopened = change_set_upsert(restated, ended)
+    assert sum(bool(m.deletes) for m in reopened.mutations) == 2  # both reopened: their invalidation cleared
+    derived = upgrade.derived_upsert(
+        HOSTILE, [relation.model_copy(update={"t_invalid": when, "invalidated_by": HOSTILE})]
+    )
+    for upsert in (up, marked, announced_upsert(HOSTILE, [HOSTILE]), delete_user_upsert(HOSTILE), reopened, derived):
         assert HOSTILE not in upsert.query
         for mutation in upsert.mutations:
             assert HOSTILE not in mutation.cond
@@ -157,3 +194,17 @@ async def test_remote_store_needs_its_addresses() -> None:
     settings = Settings(_env_file=None, store="remote", dgraph=None, weaviate_http=None, weaviate_grpc="h:1")
     with pytest.raises(ValueError, match="MEMSTREAM_DGRAPH, MEMSTREAM_WEAVIATE_HTTP"):
         await RemoteMemoryStore.from_settings(settings, dim=8)
+
+
+def test_a_props_update_is_one_guarded_write_of_typed_text() -> None:
+    """``ChangeSet.props_updates`` (a known thesis's marks changed): one conditional set of ``vertex.props``."""
+    update = PropsUpdate(thesis_id=HOSTILE, props={"marks": HOSTILE})
+    up = change_set_upsert(ChangeSet(id="c_2", user_id=HOSTILE, event_ids=[HOSTILE], props_updates=[update]))
+    assert HOSTILE not in up.query
+    [mutation] = up.mutations
+    assert mutation.cond == "@if(gt(len(pu0), 0) AND lt(len(seen), 1))"
+    [nquad] = mutation.nquads
+    assert (nquad.subject, nquad.predicate) == ("uid(pu0)", "vertex.props")
+    assert json.loads(nquad.object_value.str_val) == {"marks": HOSTILE}
+    assert 'eq(vertex.kind, "thesis")' in up.query  # only a thesis's props, and only the user's (filter below)
+    assert "eq(vertex.user, $u)" in up.query

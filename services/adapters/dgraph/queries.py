@@ -139,3 +139,24 @@ events(func: eq(event.user, $u)) @filter(NOT has(event.forgotten)) { count(uid) 
 
 def kv_get(key: str) -> tuple[dict[str, str], str]:
     return {"$k": key}, "query q($k: string) { q(func: eq(kv.key, $k), first: 1) { kv.value } }"
+
+
+def ended(user_id: str, vertex_ids: Iterable[str], edge_ids: Iterable[str]) -> tuple[Params, str]:
+    """Of these theses and relation edges, those ended (``t_invalid`` set), with their end and props: a change set
+    that states one again reopens it (``write.change_set_upsert``)."""
+    p = Params(user_id)
+    vertices, edges = list(vertex_ids), list(edge_ids)
+    body = []
+    if vertices:
+        body.append(
+            f"v(func: eq(vertex.id, {p.many(vertices)})) "
+            '@filter(eq(vertex.user, $u) AND eq(vertex.kind, "thesis") AND has(vertex.t_invalid)) '
+            "{ vertex.id vertex.t_invalid vertex.props vertex.invalidated_by }"
+        )
+    if edges:
+        body.append(
+            f"e(func: eq(edge.id, {p.many(edges)})) "
+            '@filter(eq(edge.user, $u) AND eq(edge.kind, "relation") AND has(edge.t_invalid)) '
+            "{ edge.id edge.t_invalid edge.props edge.invalidated_by }"
+        )
+    return p, p.query("\n".join(body), fragments=False)

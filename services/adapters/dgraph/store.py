@@ -25,9 +25,10 @@ from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Eras
 from services.logging import get_logger
 from services.ports import AnnouncementLog, CacheScope, GraphStore, KeyValueCache
 
-from . import forget, queries
-from .codec import is_vertex, read_edge, read_vertex
+from . import forget, queries, upgrade
+from .codec import is_vertex, parse_dt, read_edge, read_vertex
 from .write import (
+    Ended,
     Mutation,
     Upsert,
     announced_upsert,
@@ -130,6 +131,8 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
                 await self._retrying(
                     "alter", lambda: self.client.alter(operation, timeout=self.timeout_s, metadata=metadata)
                 )
+                # data written by older code brought up to date, once (recorded in the graph)
+                await upgrade.derive_edge_validity(self._query, self._request)
         except BaseException:
             await self.close()
             raise
@@ -216,8 +219,26 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
 
     async def apply_graph(self, change_set: ChangeSet) -> ApplyResult:
         """Vertices, edges and invalidations of a change set, in one transaction; events are not marked yet."""
-        up = change_set_upsert(change_set)
+        up = change_set_upsert(change_set, await self._ended(change_set))
         return change_set_result(up, await self._upsert("apply", up))
+
+    async def _ended(self, change_set: ChangeSet) -> dict[str, Ended]:
+        """The change set's restated theses and relation edges that the store has ended: it reopens them. Read
+        before the upsert, which reopens each only if it is still ended as read (a concurrent write wins)."""
+        theses = [v.id for v in change_set.restated_theses()]
+        edges = [e.id for e in change_set.edges if e.kind is EdgeKind.RELATION and e.t_invalid is None]
+        if not theses and not edges:
+            return {}
+        params, query = queries.ended(change_set.user_id, dict.fromkeys(theses), dict.fromkeys(edges))
+        result = await self._query("ended", query, params.values)
+        found: dict[str, Ended] = {}
+        for block, prefix in (("v", "vertex"), ("e", "edge")):
+            for node in result.get(block, []):
+                t_invalid = parse_dt(node.get(f"{prefix}.t_invalid"))
+                if t_invalid is not None:
+                    props = json.loads(node.get(f"{prefix}.props", "{}"))
+                    found[node[f"{prefix}.id"]] = Ended(t_invalid, props, node.get(f"{prefix}.invalidated_by"))
+        return found
 
     async def mark_applied(self, change_set: ChangeSet, announcement: Announcement | None = None) -> None:
         """The change set's events as applied and, in the same transaction, its announcement as pending."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pydgraph.proto import api_pb2 as api
@@ -33,8 +34,9 @@ from services.domain import (
     Vertex,
     VertexKind,
 )
+from services.validity import reopened
 
-from .codec import Values, dt_text, edge_values, vertex_values
+from .codec import Values, dt_text, edge_values, props_text, vertex_values
 from .queries import VALID_THESIS, Params
 
 STAR = "_STAR_ALL"  # what Dgraph's RDF parser makes of ``*`` (x.Star)
@@ -106,6 +108,15 @@ class ChangeSetUpsert(Upsert):
     folded: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class Ended:
+    """A stored thesis or relation edge found ended before the write: ``t_invalid`` as stored, and its props."""
+
+    t_invalid: datetime
+    props: dict[str, str]
+    invalidated_by: str | None = None
+
+
 def _first_by_id(items: Sequence[Any], key: str = "id") -> dict[str, Any]:
     """First occurrence per id wins, as with INSERT OR IGNORE in the embedded store."""
     out: dict[str, Any] = {}
@@ -134,7 +145,23 @@ def _edge_invalidated(inv: EdgeInvalidation) -> Values:
 EDGE_INVALIDATION = ("edge.t_invalid", "edge.t_expired", "edge.invalidated_by")
 
 
-def change_set_upsert(change_set: ChangeSet) -> ChangeSetUpsert:
+def _reopen(up: ChangeSetUpsert, n: str, var: str, prefix: str, was: Ended, restated: datetime) -> None:
+    """Reopen the node in ``var`` if it is still ended as it was read (``was``): cleared invalidation, the time
+    in between kept as a gap (``services.validity``), as the embedded store's ``_reopen``."""
+    if was.t_invalid > restated:
+        return  # stated again about an earlier time than it ended: it stays as it is
+    p = up.params
+    as_read = p.add(dt_text(was.t_invalid) or "")
+    up.blocks.append(f"ro{n} as var(func: uid({var})) @filter(eq({prefix}.t_invalid, {as_read}))")
+    props: Values = {f"{prefix}.props": props_text(reopened(was.props, was.t_invalid, restated, was.invalidated_by))}
+    cleared = delete_predicates(f"ro{n}", [f"{prefix}.{k}" for k in ("t_invalid", "t_expired", "invalidated_by")])
+    guard = f" AND lt(len(seen), {len(up.event_ids)})" if up.event_ids else ""
+    up.mutations.append(Mutation(nquads(f"uid(ro{n})", props), f"@if(gt(len(ro{n}), 0){guard})", cleared))
+
+
+def change_set_upsert(change_set: ChangeSet, ended: Mapping[str, Ended] | None = None) -> ChangeSetUpsert:
+    """``ended``: the change set's theses and relation edges the store has ended (``queries.ended``), by id."""
+    ended = ended or {}
     user = change_set.user_id
     up = ChangeSetUpsert(
         Params(user),
@@ -159,6 +186,7 @@ def change_set_upsert(change_set: ChangeSet) -> ChangeSetUpsert:
             up.blocks.append(f"{node[vid]} as var(func: eq(vertex.id, {p.add(vid)})) @filter(eq(vertex.user, $u))")
 
     written = []
+    restated = {v.id for v in change_set.restated_theses()}
     for n, (vid, vertex) in enumerate(up.vertices.items()):
         # a vertex counts as there once it has a kind: a bare one (an edge's end, written first) is filled in
         up.blocks.append(f"w{n} as var(func: uid({node[vid]})) @filter(has(vertex.kind))")
@@ -169,6 +197,8 @@ def change_set_upsert(change_set: ChangeSet) -> ChangeSetUpsert:
             values.update(_invalidated(inv))
             up.folded.add(vid)
         up.mutations.append(Mutation(nquads(f"uid({node[vid]})", values), f"@if(eq(len(w{n}), 0){guard})"))
+        if vid in restated and vid in ended and vertex.t_valid is not None:
+            _reopen(up, f"v{n}", f"w{n}", "vertex", ended[vid], vertex.t_valid)
     if written:
         up.blocks.append(f"vertices_before(func: uid({', '.join(written)})) {{ vertex.id }}")
 
@@ -183,13 +213,8 @@ def change_set_upsert(change_set: ChangeSet) -> ChangeSetUpsert:
         edges_found.append(f"e{n}")
         ends = {"edge.source": f"uid({node[edge.source]})", "edge.target": f"uid({node[edge.target]})"}
         up.mutations.append(Mutation(nquads(f"uid(e{n})", edge_values(edge), ends), f"@if(eq(len(e{n}), 0){guard})"))
-        if edge.kind is EdgeKind.RELATION and edge.t_invalid is None and edge.t_valid is not None:
-            # stated again by a valid thesis about a time at or after it ended: it holds again (as the embedded
-            # store's _REVALIDATE_EDGE); one about an earlier time leaves it as it is
-            until = p.add(dt_text(edge.t_valid) or "")
-            up.blocks.append(f"rv{n} as var(func: uid(e{n})) @filter(le(edge.t_invalid, {until}))")
-            cleared = delete_predicates(f"rv{n}", EDGE_INVALIDATION)
-            up.mutations.append(Mutation(cond=f"@if(gt(len(rv{n}), 0){guard})", deletes=cleared))
+        if edge.kind is EdgeKind.RELATION and edge.t_invalid is None and edge.t_valid is not None and eid in ended:
+            _reopen(up, f"e{n}", f"e{n}", "edge", ended[eid], edge.t_valid)
     if edges_found:
         up.blocks.append(f"edges_before(func: uid({', '.join(edges_found)})) {{ edge.id }}")
 
@@ -201,13 +226,22 @@ def change_set_upsert(change_set: ChangeSet) -> ChangeSetUpsert:
     if valid:
         up.blocks.append(f"valid_before(func: uid({', '.join(valid)})) {{ vertex.id }}")
 
-    for n, ended in enumerate(_first_by_id(change_set.edge_invalidations, "edge_id").values()):
+    for n, update in enumerate(_first_by_id(change_set.props_updates, "thesis_id").values()):
+        # a known thesis's marks changed: its props whole, as memorize computed them (the embedded _PUT_PROPS)
+        up.blocks.append(
+            f"pu{n} as var(func: eq(vertex.id, {p.add(update.thesis_id)})) "
+            '@filter(eq(vertex.user, $u) AND eq(vertex.kind, "thesis"))'
+        )
+        props: Values = {"vertex.props": props_text(update.props)}
+        up.mutations.append(Mutation(nquads(f"uid(pu{n})", props), f"@if(gt(len(pu{n}), 0){guard})"))
+
+    for n, ending in enumerate(_first_by_id(change_set.edge_invalidations, "edge_id").values()):
         # first one wins, as for theses: only a relation edge still valid is ended
         up.blocks.append(
-            f"x{n} as var(func: eq(edge.id, {p.add(ended.edge_id)})) "
+            f"x{n} as var(func: eq(edge.id, {p.add(ending.edge_id)})) "
             '@filter(eq(edge.user, $u) AND eq(edge.kind, "relation") AND NOT has(edge.t_invalid))'
         )
-        up.mutations.append(Mutation(nquads(f"uid(x{n})", _edge_invalidated(ended)), f"@if(gt(len(x{n}), 0){guard})"))
+        up.mutations.append(Mutation(nquads(f"uid(x{n})", _edge_invalidated(ending)), f"@if(gt(len(x{n}), 0){guard})"))
     return up
 
 

@@ -7,6 +7,14 @@ from pathlib import Path
 import apsw
 import sqlite_vec
 
+from services import ids
+from services.domain import Vertex
+from services.logging import get_logger
+
+from .codec import EDGE_COLUMNS, VERTEX_COLUMNS, dt_to_text, props_to_text, row_edge, row_vertex
+
+log = get_logger(__name__)
+
 SCHEMA_VERSION = "1"
 BUSY_TIMEOUT_MS = 10_000
 # vec0 pre-allocates one chunk per partition (user): chunk_size * dim * 4 bytes. 256 keeps a small user at
@@ -93,6 +101,46 @@ def _migrate(conn: apsw.Connection) -> None:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
+#: meta key recording that relation edges took their validity from their staters (``_derive_edge_validity``)
+EDGE_VALIDITY_DERIVED = "edge_validity_derived"
+
+
+def _derive_edge_validity(conn: apsw.Connection, stored: dict[str, str]) -> None:
+    """Once per file: relation edges written before they carried validity (all valid) take it from the theses
+    that state them, as memorize gives it now; recorded in ``meta``, so it never runs again."""
+    if stored.get(EDGE_VALIDITY_DERIVED):
+        return
+    staters: dict[tuple[str, str], list[Vertex]] = {}
+    for row in conn.execute(f"SELECT {VERTEX_COLUMNS} FROM vertices WHERE kind = 'thesis'"):
+        thesis = row_vertex(row)
+        edge_id = ids.stated_relation(thesis.user_id, thesis.props)
+        if edge_id is not None:
+            staters.setdefault((thesis.user_id, edge_id), []).append(thesis)
+    rows = conn.execute(f"SELECT {EDGE_COLUMNS} FROM edges WHERE kind = 'relation' AND t_invalid IS NULL").fetchall()
+    derived = 0
+    for row in rows:
+        edge = row_edge(row)
+        by = staters.get((edge.user_id, edge.id))
+        mended = edge if not by else edge.stated_by(by)
+        if mended != edge:
+            conn.execute(
+                "UPDATE edges SET props = ?, t_invalid = ?, t_expired = ?, invalidated_by = ? "
+                "WHERE user_id = ? AND id = ?",
+                (
+                    props_to_text(mended.props),
+                    dt_to_text(mended.t_invalid),
+                    dt_to_text(mended.t_expired),
+                    mended.invalidated_by,
+                    edge.user_id,
+                    edge.id,
+                ),
+            )
+            derived += 1
+    conn.execute("INSERT INTO meta (key, value) VALUES (?, '1')", (EDGE_VALIDITY_DERIVED,))
+    if derived:
+        log.info("sqlite_edge_validity_derived", edges=derived)
+
+
 def create_schema(conn: apsw.Connection, dim: int) -> None:
     """Idempotent; safe when several processes open a fresh file at once (one IMMEDIATE transaction)."""
     conn.execute("BEGIN IMMEDIATE")
@@ -110,6 +158,7 @@ def create_schema(conn: apsw.Connection, dim: int) -> None:
             raise ValueError(f"store was created with dim={stored.get('dim')}, opened with dim={dim}")
         elif stored.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"store schema {stored.get('schema_version')}, this code knows {SCHEMA_VERSION}")
+        _derive_edge_validity(conn, stored)
     except BaseException:
         conn.execute("ROLLBACK")
         raise

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from datetime import datetime
 
 import apsw
 
 from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Erasure, VertexKind
 from services.ports import CacheScope, VectorItem
+from services.validity import reopened
 
 from .codec import (
     EDGE_COLUMNS,
@@ -17,6 +20,8 @@ from .codec import (
     dt_to_text,
     edge_row,
     json_list,
+    props_to_text,
+    text_to_dt,
     user_key,
     vector_blob,
     vertex_row,
@@ -34,12 +39,29 @@ _INVALIDATE_EDGE = (
     "UPDATE edges SET t_invalid = ?, t_expired = ?, invalidated_by = ? "
     "WHERE user_id = ? AND id = ? AND kind = 'relation' AND t_invalid IS NULL"
 )
-# a relation edge stated again by a valid thesis about a time at or after the edge ended holds again; one about an
-# earlier time (a replay of an older change set, a late event) leaves it as it is
-_REVALIDATE_EDGE = (
-    "UPDATE edges SET t_invalid = NULL, t_expired = NULL, invalidated_by = NULL "
-    "WHERE user_id = ? AND id = ? AND kind = 'relation' AND t_invalid IS NOT NULL AND t_invalid <= ?"
+# a known thesis's marks changed (``ChangeSet.props_updates``): its props as memorize computed them
+_PUT_PROPS = "UPDATE vertices SET props = ? WHERE user_id = ? AND id = ? AND kind = 'thesis'"
+# a relation edge (or a thesis) stated again by a valid thesis about a time at or after it ended holds again, with
+# the time in between kept as a gap (services/validity.py); one about an earlier time (a replay of an older change
+# set, a late event) leaves it as it is
+_ENDED = (
+    "SELECT t_invalid, props, invalidated_by FROM {table} WHERE user_id = ? AND id = ? AND kind = ? "
+    "AND t_invalid IS NOT NULL AND t_invalid <= ?"
 )
+_REOPEN = (
+    "UPDATE {table} SET props = ?, t_invalid = NULL, t_expired = NULL, invalidated_by = NULL "
+    "WHERE user_id = ? AND id = ?"
+)
+
+
+def _reopen(conn: apsw.Connection, table: str, kind: str, user: str, item_id: str, restated: datetime) -> None:
+    row = conn.execute(_ENDED.format(table=table), (user, item_id, kind, dt_to_text(restated))).fetchone()
+    if row is None:
+        return
+    ended = text_to_dt(str(row[0]))
+    assert ended is not None
+    props = reopened(json.loads(row[1]), ended, restated, row[2])
+    conn.execute(_REOPEN.format(table=table), (props_to_text(props), user, item_id))
 
 
 def _index(conn: apsw.Connection, user: str, vectors: Sequence[VectorItem], dim: int) -> None:
@@ -79,17 +101,22 @@ def check_change_set(change_set: ChangeSet, vectors: Sequence[VectorItem], dim: 
 def _write(conn: apsw.Connection, change_set: ChangeSet, vectors: Sequence[VectorItem], dim: int) -> ApplyResult:
     user = change_set.user_id
     result = ApplyResult()
+    restated = {v.id for v in change_set.restated_theses()}
+    for update in change_set.props_updates:  # first: a reopening below adds its gap to these props
+        conn.execute(_PUT_PROPS, (props_to_text(update.props), user, update.thesis_id))
     for vertex in change_set.vertices:
         conn.execute(_INSERT_VERTEX, vertex_row(vertex))
         if conn.changes():
             result.vertices_added += 1
             result.theses_added += vertex.kind is VertexKind.THESIS
+        elif vertex.id in restated and vertex.t_valid is not None:
+            _reopen(conn, "vertices", VertexKind.THESIS.value, user, vertex.id, vertex.t_valid)
     for edge in change_set.edges:
         conn.execute(_INSERT_EDGE, edge_row(edge))
         added = conn.changes()
         result.edges_added += added
         if not added and edge.kind is EdgeKind.RELATION and edge.t_invalid is None and edge.t_valid is not None:
-            conn.execute(_REVALIDATE_EDGE, (user, edge.id, dt_to_text(edge.t_valid)))
+            _reopen(conn, "edges", EdgeKind.RELATION.value, user, edge.id, edge.t_valid)
     for inv in change_set.invalidations:
         conn.execute(
             _INVALIDATE,

@@ -7,7 +7,9 @@ const $ = (selector) => document.querySelector(selector);
 const SVG = "http://www.w3.org/2000/svg";
 
 const KEY_STORE = "memstream.key";
-const state = { source: null, queryId: null, userId: null, seen: new Set(), subs: new Map(), answered: false };
+const state = {
+  source: null, queryId: null, userId: null, asOf: null, seen: new Set(), subs: new Map(), answered: false,
+};
 // What arrived, in order, with the page's clock: the browser test checks that stages came before the answer.
 window.memstreamEvents = [];
 
@@ -253,6 +255,9 @@ async function loadGraph(ids) {
   }
   const params = new URLSearchParams({ per_vertex: "6" });
   ids.slice(0, 100).forEach((id) => params.append("ids", id));
+  // the neighbourhood as the question saw memory: what held at its as_of (the API's default: now)
+  if (state.asOf) params.set("as_of", state.asOf);
+  $("#graph-as-of").textContent = state.asOf ? `as it held at ${state.asOf}` : "as it holds now";
   const response = await api(`/v1/graph/${encodeURIComponent(state.userId)}/neighbourhood?${params}`);
   if (!response.ok) {
     graph.replaceChildren(svg("text", { x: 20, y: 30 }, `graph unavailable (${response.status})`));
@@ -339,6 +344,7 @@ function drawGraph(graph) {
 
 function onEnd(trace) {
   if (trace) {
+    if (trace.as_of && !state.answered) state.asOf = trace.as_of;
     for (const run of trace.timeline) onStage(run); // whatever the live stream missed
     if (trace.answer) onAnswer(trace.answer);
   }
@@ -372,13 +378,21 @@ function reset() {
   $("#graph").replaceChildren();
 }
 
-function follow(queryId, userId) {
+// A datetime-local value ("2024-03-01T09:30") as the UTC time the API takes; empty: none (now).
+function asOfValue(value) {
+  if (!value) return null;
+  return new Date(`${value.length === 16 ? value + ":00" : value}Z`).toISOString();
+}
+
+function follow(queryId, userId, asOf = null) {
   if (state.source) state.source.close();
   state.queryId = queryId;
   state.userId = userId;
+  state.asOf = asOf;
   const url = `/v1/traces/${encodeURIComponent(queryId)}/stream?user_id=${encodeURIComponent(userId)}`;
   const handlers = {
-    query: () => record("query"),
+    // a trace followed from its link: the question's own as_of is what its graph must show
+    query: (data) => { if (data && data.as_of) state.asOf = data.as_of; record("query"); },
     stage: onStage,
     answer: onAnswer,
     end: (data) => { source.close(); onEnd(data); },
@@ -394,6 +408,7 @@ async function ask(event) {
   event.preventDefault();
   const userId = $("#user").value.trim();
   const question = $("#question").value.trim();
+  const asOf = asOfValue($("#as-of").value);
   const key = $("#key").value.trim();
   if (key) sessionStorage.setItem(KEY_STORE, key);
   reset();
@@ -404,7 +419,7 @@ async function ask(event) {
     const response = await api("/v1/questions", {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ user_id: userId, question }),
+      body: JSON.stringify(asOf ? { user_id: userId, question, as_of: asOf } : { user_id: userId, question }),
     });
     const body = await response.json();
     if (!response.ok) {
@@ -414,7 +429,7 @@ async function ask(event) {
     record("asked", { queryId: body.query_id });
     const params = new URLSearchParams({ user: userId, query: body.query_id });
     history.replaceState(null, "", `?${params}`);
-    follow(body.query_id, userId);
+    follow(body.query_id, userId, asOf);
   } catch (error) {
     setStatus("error", String(error));
   } finally {

@@ -18,7 +18,8 @@ class CombineTask(PromptTask[FoundAnswer, str | None]):
     output_model = FoundAnswer
     max_tokens = 256
     system = (
-        "Write the final answer to the question from the answers to its parts, short and exact. "
+        "Write the final answer to the question from the answers to its parts, short and exact, keeping "
+        "what they say of conflicting statements and of whose opinion or prediction something is. "
         'If they do not answer it, reply {"found": false, "answer": ""}. '
         'Format: {"found": true, "answer": "..."}.'
     )

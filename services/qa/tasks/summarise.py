@@ -40,7 +40,9 @@ class ClueAnswerTask(PromptTask[ClueAnswerOutput, str | None]):
     max_tokens = 192
     system = (
         "Answer the question from the memory lines only. First copy the one line that answers it into "
-        '"evidence", then write a short sentence that states the fact. If no line answers it, reply '
+        '"evidence", then write a short sentence that states the fact. If the line conflicts with another, say '
+        'that the memory holds both; if it is an OPINION or PREDICTION, say whose and when ("Ben thought in '
+        'March that ..."). If no line answers it, reply '
         '{"evidence": "", "answer": ""}. Format: {"evidence": "...", "answer": "..."}.'
     )
     example_input = (

@@ -1,0 +1,306 @@
+"""Temporal memory on LoCoMo (issue 11 item 6): for the category-2 ("when …?") questions, is the date asked for in
+the theses retrieved for them?
+
+  python -m benchmarks.temporal_locomo --samples conv-26 conv-30 --sessions 6 --cache bench/llm-cache.sqlite3
+  python -m benchmarks.temporal_locomo ... --validity message    # "before": t_valid is the message's time
+
+The conversations' first ``--sessions`` sessions are memorized, each conversation as its own user, through the
+real memorize service and the default local model, ``--batch`` turns at a time. Questions are scored when all of
+their evidence turns were memorized. Retrieval is LLM-free: the question's capitalised words are matched to object
+vertices by the system's own matcher (exact names, then fused dense + lexical search), never from gold data; each
+retriever returns its usual budget of triplets.
+
+A thesis "has the date" when a date it carries lies within the gold answer's date, at the answer's granularity: a
+day, a week ("the week before 9 June 2023" is 2-8 June), a weekend, a month or a year; a thesis's period ("last
+week") counts when it lies within the answer's or, if at most a week long, contains it. Two places are scored
+apart: ``t_valid`` (the date the reader sees in front of every thesis, what as-of and invalidation order use) and
+the thesis's words (the time extraction resolved and wrote into the text). Answers that are durations ("4 years",
+"10 years ago") name no date and are counted, not scored.
+
+``--validity message`` builds memory with the rule before issue 11 (t_valid = the message's time); with the LLM
+cache it re-extracts nothing, so before and after differ only by that rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from schemas.events import ChatMessage
+from services import ids
+from services.adapters.sqlite import SqliteMemoryStore
+from services.domain import EdgeKind, Triplet, Vertex, VertexKind
+from services.ingest.locomo import locomo_messages
+from services.llm.factory import build_embedder, build_llm
+from services.memorize import builder
+from services.memorize.service import MemorizeService
+from services.qa.matching import EntityMatcher
+from services.qa.tasks.common import names_in
+from services.retrieval.base import RetrievalRequest
+from services.retrieval.registry import get_retriever
+from services.settings import Settings
+
+LOCOMO = Path("../shared/data/locomo/locomo_dev7.json")
+RETRIEVERS = ("flat", "beamsearch", "mixture")
+_MONTHS = {m: n for n, m in enumerate(
+    ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+     "november", "december"], start=1)}  # fmt: skip
+_WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
+_DAY_MONTH_YEAR = re.compile(r"(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})")
+_MONTH_YEAR = re.compile(r"^([A-Za-z]+),?\s+(\d{4})$")
+_ISO = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
+
+
+@dataclass(frozen=True)
+class Span:
+    """Days ``first``..``last`` inclusive."""
+
+    first: date
+    last: date
+
+    @property
+    def days(self) -> int:
+        return (self.last - self.first).days + 1
+
+    def within(self, other: Span) -> bool:
+        return other.first <= self.first and self.last <= other.last
+
+
+def _day(text: str) -> date | None:
+    m = _DAY_MONTH_YEAR.search(text)
+    if not m or m.group(2).casefold() not in _MONTHS:
+        return None
+    return date(int(m.group(3)), _MONTHS[m.group(2).casefold()], int(m.group(1)))
+
+
+def _month(year: int, month: int) -> Span:
+    nxt = date(year + (month == 12), month % 12 + 1, 1)
+    return Span(date(year, month, 1), nxt - timedelta(days=1))
+
+
+def gold_span(answer: str) -> Span | None:
+    """The date a LoCoMo category-2 answer names, or None for a duration or a date without a year."""
+    text = " ".join(str(answer).split()).strip().rstrip(".")
+    low = text.casefold()
+    anchor = _day(text)
+    if anchor is not None and " before " in f" {low} ":
+        head = low.split(" before ")[0]
+        last = anchor - timedelta(days=1)
+        if head.endswith("week"):
+            # "the week before 9 June" (a Friday): the annotators' "last week", the calendar week before or the
+            # seven days before: both are in the span
+            return Span(anchor - timedelta(days=anchor.weekday() + 7), last)
+        if head.endswith(("weekend", "weekends")):
+            count = 2 if head.startswith("two") else 1
+            saturday = anchor - timedelta(days=(anchor.weekday() - 5) % 7 or 7)
+            saturday -= timedelta(days=7 * (count - 1))
+            return Span(saturday, saturday + timedelta(days=1))
+        for n, name in enumerate(_WEEKDAYS):
+            if head.endswith(name):
+                back = (anchor.weekday() - n) % 7 or 7
+                return Span(anchor - timedelta(days=back), anchor - timedelta(days=back))
+        return None
+    if anchor is not None and low.startswith("the week of"):
+        monday = anchor - timedelta(days=anchor.weekday())
+        return Span(monday, monday + timedelta(days=6))
+    if anchor is not None:
+        return Span(anchor, anchor)
+    m = _MONTH_YEAR.match(text)
+    if m and m.group(1).casefold() in _MONTHS:
+        return _month(int(m.group(2)), _MONTHS[m.group(1).casefold()])
+    m = re.fullmatch(r"(?:since |in )?(\d{4})", low)
+    if m:
+        return Span(date(int(m.group(1)), 1, 1), date(int(m.group(1)), 12, 31))
+    return None
+
+
+def _hits(spans: list[Span], gold: Span) -> bool:
+    return any(s.within(gold) or (gold.within(s) and s.days <= 7) for s in spans)
+
+
+def valid_spans(thesis: Vertex) -> list[Span]:
+    return [Span(thesis.t_valid.date(), thesis.t_valid.date())] if thesis.t_valid else []
+
+
+def text_spans(thesis: Vertex) -> list[Span]:
+    """The dates in a thesis's words: the period extraction resolved (its props) and any dates written out."""
+    spans: list[Span] = []
+    start, end = thesis.props.get("when_start"), thesis.props.get("when_end")
+    if start and end:
+        spans.append(Span(date.fromisoformat(start), date.fromisoformat(end)))
+    for m in _ISO.finditer(thesis.name):
+        day = date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        spans.append(Span(day, day))
+    for m in _DAY_MONTH_YEAR.finditer(thesis.name):
+        if m.group(2).casefold() in _MONTHS:
+            day = date(int(m.group(3)), _MONTHS[m.group(2).casefold()], int(m.group(1)))
+            spans.append(Span(day, day))
+    return spans
+
+
+def theses_of(triplets: list[Triplet]) -> list[Vertex]:
+    found: dict[str, Vertex] = {}
+    for t in triplets:
+        for v in (t.start, t.end):
+            if v.kind is VertexKind.THESIS:
+                found.setdefault(v.id, v)
+    return list(found.values())
+
+
+def _message_validity(when: Any, kind: str, said_at: datetime) -> tuple[datetime, datetime | None]:
+    return said_at, None  # the rule before issue 11 item 2
+
+
+@dataclass
+class Question:
+    sample: str
+    text: str
+    answer: str
+    evidence: list[str]
+    span: Span | None
+
+
+def load(path: Path, samples: list[str], sessions: int) -> tuple[dict[str, list[ChatMessage]], list[Question]]:
+    data = json.loads(path.read_text())
+    chosen = [s for s in data if s["sample_id"] in samples]
+    missing = set(samples) - {s["sample_id"] for s in chosen}
+    if missing:
+        raise SystemExit(f"no such samples in {path}: {sorted(missing)}")
+    messages: dict[str, list[ChatMessage]] = {}
+    questions: list[Question] = []
+    for sample in chosen:
+        sid = sample["sample_id"]
+        kept = [
+            m
+            for m in locomo_messages(sample, user_id=f"temporal-{sid}", now=datetime.now(UTC))
+            if int(m.event_id.split(":")[-2].lstrip("D")) <= sessions
+        ]
+        messages[sid] = kept
+        for qa in sample["qa"]:
+            if qa.get("category") != 2:
+                continue
+            evidence = [str(e) for e in qa.get("evidence", [])]
+            if all(int(e.split(":")[0].lstrip("D")) <= sessions for e in evidence if e):
+                questions.append(Question(sid, qa["question"], str(qa["answer"]), evidence, gold_span(qa["answer"])))
+    return messages, questions
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.validity == "message":
+        builder.validity = _message_validity
+    messages, questions = load(Path(args.data), args.samples, args.sessions)
+    data_dir = Path(args.data_dir)
+    settings = Settings(_env_file=None, data_dir=data_dir, batch_max_messages=args.batch)
+    embedder = build_embedder(settings)
+    memory_path = data_dir / f"temporal-{args.validity}.sqlite3"  # emptied by main()
+    store = await SqliteMemoryStore.open(memory_path, dim=embedder.dim)
+    cache = await SqliteMemoryStore.open(Path(args.cache), dim=embedder.dim)
+    llm = build_llm(settings, cache=cache)
+    service = MemorizeService(store, llm, embedder, settings)
+    started = time.perf_counter()
+    total = sum(len(m) for m in messages.values())
+    done = dead = 0
+    for sid, sample_messages in messages.items():
+        for start in range(0, len(sample_messages), args.batch):
+            chunk = sample_messages[start : start + args.batch]
+            outcome = await service.memorize(chunk)
+            dead += len(outcome.dead_letters)
+            done += len(chunk)
+            print(f"{sid} {done}/{total} dead={dead} {time.perf_counter() - started:.0f}s", flush=True)
+    ingest_s = time.perf_counter() - started
+    matcher = EntityMatcher(store, store, embedder)
+    retrievers = {name: get_retriever(name, store, store, embedder) for name in RETRIEVERS}
+    scored = [q for q in questions if q.span is not None]
+    rows: list[dict[str, Any]] = []
+    for q in scored:
+        user = f"temporal-{q.sample}"
+        vector = (await embedder.embed([q.text]))[0]
+        matches = await matcher.match(user, sorted(names_in(q.text)))
+        seeds = list(dict.fromkeys(m.vertex.id for ms in matches.values() for m in ms))
+        row: dict[str, Any] = {"sample": q.sample, "question": q.text, "answer": q.answer, "evidence": q.evidence}
+        assert q.span is not None
+        row["gold"] = [q.span.first.isoformat(), q.span.last.isoformat()]
+        for name, retriever in retrievers.items():
+            request = RetrievalRequest(user_id=user, query=q.text, query_vector=vector, seeds=seeds)
+            theses = theses_of(await retriever.retrieve(request))
+            by_valid = [t.name for t in theses if _hits(valid_spans(t), q.span)]
+            by_text = [t.name for t in theses if _hits(text_spans(t), q.span)]
+            row[name] = {
+                "t_valid": bool(by_valid),
+                "text": bool(by_text),
+                "theses": len(theses),
+                "hit": by_valid or by_text,
+            }
+        rows.append(row)
+    evidence_dated = 0
+    for q in scored:
+        events = [f"locomo:{q.sample}:{e}" for e in q.evidence]
+        theses = await _theses_of_events(store, f"temporal-{q.sample}", events)
+        span = q.span
+        assert span is not None
+        evidence_dated += any(_hits(text_spans(t) + valid_spans(t), span) for t in theses)
+    summary: dict[str, Any] = {
+        "validity": args.validity,
+        "samples": args.samples,
+        "sessions": args.sessions,
+        "messages": total,
+        "dead_letters": dead,
+        "questions_cat2": len(questions),
+        "questions_scored": len(scored),
+        "durations_not_scored": [q.answer for q in questions if q.span is None],
+        "evidence_theses_have_date": evidence_dated,
+        "ingest_s_per_message": round(ingest_s / max(total, 1), 2),
+        "llm_calls": {task: u.calls - u.cached for task, u in llm.by_task.items()},
+        "llm_cached": {task: u.cached for task, u in llm.by_task.items()},
+        "model": settings.llm_model,
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    for name in RETRIEVERS:
+        summary[name] = {key: sum(bool(r[name][key]) for r in rows) for key in ("t_valid", "text")} | {
+            "either": sum(bool(r[name]["hit"]) for r in rows)
+        }
+    await llm.close()
+    await store.close()
+    await cache.close()
+    if args.out:
+        text = json.dumps({"summary": summary, "questions": rows}, indent=1)
+        await asyncio.to_thread(Path(args.out).write_text, text)
+    return summary
+
+
+async def _theses_of_events(store: SqliteMemoryStore, user: str, event_ids: list[str]) -> list[Vertex]:
+    """The theses memorize derived from these messages: their episodes' thesis neighbours, valid or not."""
+    episodes = [ids.episode_id(user, event_id, 0) for event_id in event_ids]
+    triplets = await store.neighbors(user, episodes, [EdgeKind.EPISODIC])
+    return theses_of(triplets)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=str(LOCOMO))
+    parser.add_argument("--samples", nargs="+", default=["conv-26", "conv-30"])
+    parser.add_argument("--sessions", type=int, default=6, help="memorize each conversation's first N sessions")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--validity", choices=["text", "message"], default="text")
+    parser.add_argument("--data-dir", default="bench-data", help="model files, memory (rebuilt each run)")
+    parser.add_argument("--cache", default="bench-data/llm-cache.sqlite3", help="LLM cache (kept across runs)")
+    parser.add_argument("--out", help="write every question's result here (JSON)")
+    args = parser.parse_args()
+    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
+    for old in Path(args.data_dir).glob(f"temporal-{args.validity}.sqlite3*"):
+        old.unlink()
+    summary = asyncio.run(run(args))
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

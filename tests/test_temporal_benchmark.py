@@ -1,0 +1,56 @@
+"""The temporal benchmark's scorer: which day, week, weekend, month or year a LoCoMo answer names, and when a
+thesis's date counts as that date (benchmarks/temporal_locomo.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+import pytest
+
+from benchmarks.temporal_locomo import Span, _hits, gold_span, text_spans, valid_spans
+from services.domain import Vertex, VertexKind
+
+
+@pytest.mark.parametrize(
+    ("answer", "first", "last"),
+    [
+        ("7 May 2023", date(2023, 5, 7), date(2023, 5, 7)),
+        ("19 January, 2023", date(2023, 1, 19), date(2023, 1, 19)),
+        ("June 2023", date(2023, 6, 1), date(2023, 6, 30)),
+        ("January, 2023", date(2023, 1, 1), date(2023, 1, 31)),
+        ("2022", date(2022, 1, 1), date(2022, 12, 31)),
+        ("Since 2016", date(2016, 1, 1), date(2016, 12, 31)),
+        ("The sunday before 25 May 2023", date(2023, 5, 21), date(2023, 5, 21)),  # 25 May 2023 was a Thursday
+        ("The Friday before 15 July 2023", date(2023, 7, 14), date(2023, 7, 14)),  # a Saturday
+        ("The week before 9 June 2023", date(2023, 5, 29), date(2023, 6, 8)),
+        ("The weekend before 17 July 2023", date(2023, 7, 15), date(2023, 7, 16)),
+        ("two weekends before 17 July 2023", date(2023, 7, 8), date(2023, 7, 9)),
+        ("The week of 23 August 2023", date(2023, 8, 21), date(2023, 8, 27)),
+    ],
+)
+def test_an_answer_names_a_span_of_days(answer: str, first: date, last: date) -> None:
+    assert gold_span(answer) == Span(first, last)
+
+
+@pytest.mark.parametrize("answer", ["4 years", "10 years ago", "A few years ago", "13 August"])
+def test_a_duration_or_a_date_without_a_year_names_none(answer: str) -> None:
+    assert gold_span(answer) is None
+
+
+def thesis(name: str, t_valid: datetime, **props: str) -> Vertex:
+    return Vertex(id="t", user_id="u", kind=VertexKind.THESIS, name=name, t_valid=t_valid, props=props)
+
+
+def test_a_thesis_has_the_date_in_its_validity_or_its_words() -> None:
+    gold = gold_span("7 May 2023")
+    assert gold is not None
+    said = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
+    yesterday = thesis("Caroline went to a support group (on 7 May 2023).", said)
+    assert not _hits(valid_spans(yesterday), gold) and _hits(text_spans(yesterday), gold)
+    resolved = thesis("Caroline went to a support group.", datetime(2023, 5, 7, tzinfo=UTC))
+    assert _hits(valid_spans(resolved), gold)
+    # a period counts when it lies within the answer's, or (a week at most) contains it
+    week = thesis("x", said, when_start="2023-05-01", when_end="2023-05-07")
+    month = thesis("x", said, when_start="2023-05-01", when_end="2023-05-31")
+    assert _hits(text_spans(week), gold) and not _hits(text_spans(month), gold)
+    assert _hits(text_spans(month), Span(date(2023, 1, 1), date(2023, 12, 31)))
