@@ -26,7 +26,7 @@ from services import ids
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import EdgeKind, VertexKind
-from services.llm.scripted import ScriptedLLM
+from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM
 from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
 from services.memorize.unmerge import NotAnAlias, unmerge
@@ -153,7 +153,9 @@ async def open_memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: 
                 await store.delete_user(user)
                 await store.forget(user, None)
         judge = Judge(set(accept))
-        llm = ScriptedLLM({"extract": extract, "same_entity": judge}, model="scripted-entities")
+        llm = ScriptedLLM(
+            {"extract": extract, "resolve": MEMORIZE_RULES["resolve"], "same_entity": judge}, model="scripted-entities"
+        )
         settings = Settings(_env_file=None, data_dir=tmp_path, **overrides)  # type: ignore[call-arg]
         memorize = MemorizeService(store, llm, embedder, settings)
         return Memory(store, judge, memorize, ForgetService(store, store, store, embedder))
@@ -363,7 +365,7 @@ async def test_the_cli_unmerges_an_alias(
 
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
     store = await SqliteMemoryStore.open(settings.store_path, dim=embedder.dim)
-    llm = ScriptedLLM({"extract": extract, "same_entity": Judge(set(ACCEPT))})
+    llm = ScriptedLLM({"extract": extract, "resolve": MEMORIZE_RULES["resolve"], "same_entity": Judge(set(ACCEPT))})
     memorize = MemorizeService(store, llm, embedder, settings)
     for batch in ([chat(1, "Melanie paints landscapes.")], [chat(2, "Mel went camping at Lake Tahoe.")]):
         await memorize.memorize(batch)
