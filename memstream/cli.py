@@ -777,6 +777,49 @@ def dead_letters_replay(
     )
 
 
+entities_app = typer.Typer(
+    name="entities",
+    help="The entity merges memorize made (a nickname or variant joined to a known object): undo one.",
+    no_args_is_help=True,
+)
+app.add_typer(entities_app)
+
+
+@entities_app.command("unmerge")
+def entities_unmerge(
+    user: Annotated[str, typer.Argument(help="the user (tenant) whose memory merged the name")],
+    alias: Annotated[str, typer.Argument(help='the merged name as said, e.g. "Mel"')],
+) -> None:
+    """Split a merged alias back into its own object, with the facts said with it. Operators: works on the
+    configured store (MEMSTREAM_STORE) directly."""
+    from services.container import open_store
+    from services.llm.factory import build_embedder
+    from services.memorize.unmerge import NotAnAlias, Unmerged, unmerge
+    from services.ports import ForgetStore, KeyValueCache
+
+    async def run() -> Unmerged:
+        settings = _settings()
+        embedder = build_embedder(settings)
+        store = await open_store(settings, embedder.dim)
+        try:
+            if not isinstance(store, ForgetStore):
+                raise _fail(f"{type(store).__name__} cannot rewrite memory")
+            cache = store if isinstance(store, KeyValueCache) else None
+            return await unmerge(store, store, embedder, cache, user, alias)
+        finally:
+            await store.close()
+            await embedder.close()
+
+    try:
+        done = asyncio.run(run())
+    except NotAnAlias as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(
+        f"{done.alias!r} is its own object again ({done.alias_id}): {done.theses_moved} fact(s) moved from "
+        f"{done.canonical_id}" + (", which had nothing else and was removed" if done.canonical_removed else "")
+    )
+
+
 keys_app = typer.Typer(
     name="keys",
     help="API keys (admin): make one for some users and scopes, list them, revoke one.",

@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.validity import held, holes, in_gap, with_gaps
 
+#: object prop of an alias record: the id of the object this name was merged into (``services.memorize.entities``)
+ALIAS_OF = "alias_of"
+
 
 class VertexKind(StrEnum):
     OBJECT = "object"  # an entity
@@ -133,6 +136,11 @@ class Vertex(BaseModel):
         if self.kind is VertexKind.THESIS and self.t_valid is not None:
             return f"[{self.t_valid.date().isoformat()}] {self.name}"
         return self.name
+
+    @property
+    def alias_of(self) -> str | None:
+        """For an alias record (an object vertex named as the user once said it), the object it stands for."""
+        return self.props.get(ALIAS_OF) if self.kind is VertexKind.OBJECT else None
 
     @property
     def context(self) -> str:
@@ -338,7 +346,8 @@ class Erasure(BaseModel):
     ``put_vertices``/``put_edges`` replace kept items whole: a thesis a removed thesis had invalidated is valid
     again, and a kept item whose first source was forgotten takes its times from the next one. ``event_ids`` are
     recorded as forgotten (a replay or a redelivery of one of them memorizes nothing), and ``outcome`` (the
-    MemoryForgotten JSON) is kept under ``forget_id`` so a replayed tombstone announces the same thing again."""
+    MemoryForgotten JSON) is kept under ``forget_id`` so a replayed tombstone announces the same thing again.
+    Undoing an entity merge (``services.memorize.unmerge``) rewrites memory through it too, with no events."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -44,6 +44,16 @@ MEMORIZE_NO_FACTS = Counter(
 RESOLVE_VERDICTS = Counter(
     "memstream_resolve_pairs_total", "New-fact/known-thesis pairs judged for contradiction, by verdict", ["verdict"]
 )
+ENTITY_MERGES = Counter(
+    "memstream_entity_merges_total",
+    "Entity names attached to an object of the same user under another name, by how the merge was settled",
+    ["method"],
+)
+ENTITY_PAIRS = Counter(
+    "memstream_entity_pairs_total",
+    "Name pairs asked of the model for entity resolution, by verdict (failed: the call failed, nothing merged)",
+    ["verdict"],
+)
 LABEL_OUTCOMES = Counter(
     "memstream_label_outcomes_total",
     "Judged pairs by what the label rules made of them (supersede, conflict, confirm, refute, keep)",

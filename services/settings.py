@@ -83,6 +83,18 @@ class Settings(BaseSettings):
     duplicate_min_similarity: float = Field(
         default=0.9, ge=0.0, le=1.0, description="cosine at which a known thesis of the same subject is the same fact"
     )
+    entity_candidates: int = Field(
+        default=3, ge=0, description="known objects per new entity name judged as the same entity (0: exact names only)"
+    )
+    entity_name_min_score: float = Field(
+        default=80.0,
+        ge=0.0,
+        le=100.0,
+        description="name similarity (rapidfuzz WRatio) making two names a candidate pair",
+    )
+    entity_min_similarity: float = Field(
+        default=0.85, ge=0.0, le=1.0, description="cosine of two names' vectors making them a candidate pair"
+    )
 
     # Models
     llm: Literal["local", "ollama", "scripted"] = "local"

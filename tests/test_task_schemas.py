@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from services.llm.task import LLMTask
+from services.memorize.entity_task import NamePair, SameEntityTask
 from services.memorize.extraction import ExtractionInput, ExtractTask, Item
 from services.memorize.resolve import Pair, ResolveTask
 from services.qa.simple import AnswerTask
@@ -36,6 +37,7 @@ def _cases() -> list[tuple[str, dict[str, Any]]]:
         ("extract", ExtractTask().json_schema(extraction)),
         ("extract-static", ExtractTask().json_schema()),
         ("resolve", ResolveTask().json_schema([Pair("a", T, "b", T)])),
+        ("same_entity", SameEntityTask().json_schema([NamePair("Mel", "Mel ran.", "Melanie", "Melanie ran.")])),
         ("answer", AnswerTask().json_schema()),
     ]
     cases += [(task.name, task.json_schema(inputs)) for task, inputs in _qa_tasks()]

@@ -123,8 +123,26 @@ def rule_resolve(request: LLMRequest) -> dict[str, Any]:
     return {"pairs": pairs}
 
 
+_NAMES = re.compile(r'^\[(\d+)\] A: "(.*)" \(.*\)\n\s+B: "(.*)" \(.*\)$', re.MULTILINE)
+
+
+def rule_same_entity(request: LLMRequest) -> dict[str, Any]:
+    """Stand-in for the ``same_entity`` task: a nickname when one name's words start the other's ("Mel" /
+    "Melanie"), else another entity."""
+    pairs = []
+    for number, a, b in _NAMES.findall(request.messages[-1].content):
+        short, long = sorted((_WORD.findall(a.lower()), _WORD.findall(b.lower())), key=len)
+        same = (
+            bool(short)
+            and len(short) == len(long)
+            and all(y.startswith(x) or x.startswith(y) for x, y in zip(short, long, strict=True))
+        )
+        pairs.append({"p": int(number), "verdict": "nickname" if same else "other"})
+    return {"pairs": pairs}
+
+
 #: The rule-based responders for memorize's tasks.
-MEMORIZE_RULES = {"extract": rule_extract, "resolve": rule_resolve}
+MEMORIZE_RULES = {"extract": rule_extract, "resolve": rule_resolve, "same_entity": rule_same_entity}
 
 
 def rule_answer(request: LLMRequest) -> dict[str, Any]:

@@ -96,6 +96,18 @@ class LLMTask(ABC, Generic[OutT, T]):
         return self.postprocess(output, inputs)
 
 
+def numbered_pairs_schema(schema: dict[str, Any], count: int) -> dict[str, Any]:
+    """A pair-judging task's output schema (``{"pairs": [{"p", "verdict"}]}``, the entry model ``PairOut``)
+    narrowed to exactly ``count`` pairs, each with its number fixed: decoding can neither skip nor repeat one."""
+    entry = schema["$defs"]["PairOut"]
+    numbered = [
+        {**entry, "properties": {**entry["properties"], "p": {"const": n}}, "required": ["p", "verdict"]}
+        for n in range(1, count + 1)
+    ]
+    pairs = {"type": "array", "prefixItems": numbered, "minItems": count, "maxItems": count}
+    return {**schema, "properties": {"pairs": pairs}, "required": ["pairs"]}
+
+
 #: Sampling for attempts after a rejected output: greedy decoding would give the same answer again, and a replayed
 #: dead letter must be able to come out differently from the run that dead-lettered it.
 RETRY_TEMPERATURE = 0.6

@@ -56,6 +56,9 @@ _SECOND_FORMS = [
     (re.compile(r"\b[Yy]ours\b"), "{name}'s"),
     (re.compile(r"\b[Yy]ou\b"), "{name}"),
 ]
+#: possessives in an entity name ("my mom"): whose it is, so two speakers' mothers stay two objects
+_FIRST_POSSESSIVE = [form for form in _FIRST_FORMS if form[1] == "{name}'s"]
+_SECOND_POSSESSIVE = [form for form in _SECOND_FORMS if form[1] == "{name}'s"]
 _OTHER_PRONOUNS = {"it", "they", "he", "she", "we", "them", "this", "that", "someone", "people", "everyone"}
 _GREETING = re.compile(r"\b(hey|hi|hello|wow|oh|thanks|thank you|congrats|yeah|yes|no|aw+)\s*$", re.IGNORECASE)
 _SPEECH_ACT = re.compile(
@@ -126,8 +129,10 @@ def check_fact(
         subject = addressee
     if speaker:
         text = _rewrite(text, _FIRST_FORMS, speaker)
+        subject, obj = (_rewrite(name, _FIRST_POSSESSIVE, speaker) for name in (subject, obj))
     if addressee:
         text = _rewrite(text, _SECOND_FORMS, addressee)
+        subject, obj = (_rewrite(name, _SECOND_POSSESSIVE, addressee) for name in (subject, obj))
     if key in _OTHER_PRONOUNS:
         return "subject_pronoun"
     named = speakers.find(subject)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from services import ids, metrics
 from services.domain import (
+    ALIAS_OF,
     HOLDER,
     MARK_PARTNER,
     ChangeSet,
@@ -27,7 +28,7 @@ from services.domain import (
     thesis_marks,
     with_marks,
 )
-from services.memorize.extraction import Fact, ItemFacts
+from services.memorize.extraction import Alias, Fact, ItemFacts
 from services.memorize.labels import Outcome, Side, decide
 from services.memorize.when import When
 
@@ -96,6 +97,8 @@ class KnownRef:
         )
 
 
+#: the ends of a fact an alias can name (``Fact.subject_alias``/``object_alias``; thesis props of the same names)
+ALIAS_ENDS = ("subject", "object")
 MERGED = "merged"  # episode prop: the facts of this source that repeat a known thesis (JSON), see ``merged_facts``
 
 
@@ -112,6 +115,10 @@ def fact_record(fact: Fact) -> dict[str, Any]:
         record["when"] |= {k: True for k in ("ended", "open_start") if getattr(fact.when, k)}
     if fact.unresolved:
         record["unresolved"] = fact.unresolved
+    for end in ALIAS_ENDS:
+        alias = getattr(fact, f"{end}_alias")
+        if alias is not None:
+            record[f"{end}_alias"] = asdict(alias)
     return record
 
 
@@ -129,7 +136,16 @@ def fact_of(record: Mapping[str, Any]) -> Fact:
         )
     )
     fields = {k: str(record[k]) for k in ("subject", "text", "relation", "object", "kind", "temporal")}
-    return Fact(**fields, when=when, unresolved=str(record.get("unresolved", "")))
+    subject_alias, object_alias = (
+        Alias(**record[f"{e}_alias"]) if record.get(f"{e}_alias") else None for e in ALIAS_ENDS
+    )
+    return Fact(
+        **fields,
+        when=when,
+        unresolved=str(record.get("unresolved", "")),
+        subject_alias=subject_alias,
+        object_alias=object_alias,
+    )
 
 
 def merged_facts(episode: Vertex) -> dict[str, list[Fact]]:
@@ -257,6 +273,28 @@ class ChangeSetBuilder:
             )
         )
 
+    def _alias(self, alias: Alias, src: Source) -> Vertex:
+        """The alias record of a merged name: an object vertex under the name as said (the id it would have had),
+        pointing at the canonical object, with the evidence of the first merge. Indexed and found by its name like
+        any object, so a question naming "Mel" reaches Melanie; linked to every episode that said it, so
+        forgetting them all removes it (``services.memorize.forget``)."""
+        evidence = {k: v for k, v in asdict(alias).items() if k not in ("said", "canonical")}
+        name = " ".join(alias.said.split())
+        return self._vertex(
+            Vertex(
+                id=ids.object_id(self.user_id, name),
+                user_id=self.user_id,
+                kind=VertexKind.OBJECT,
+                name=name,
+                props={
+                    ALIAS_OF: alias.canonical,
+                    "alias_evidence": json.dumps(evidence | {"event_id": src.event_id}, sort_keys=True),
+                },
+                t_created=src.ingest_time,
+                t_valid=src.event_time,
+            )
+        )
+
     def add(self, src: Source, found: ItemFacts | None, same_as: dict[int, str] | None = None) -> list[str]:
         """The episode of ``src`` and its facts; returns the thesis id of each fact, in order.
 
@@ -290,6 +328,9 @@ class ChangeSetBuilder:
         touched: set[str] = set()
         thesis_ids: list[str] = []
         for n, fact in enumerate(found.facts):
+            for alias in (fact.subject_alias, fact.object_alias):
+                if alias is not None:
+                    touched.add(self._alias(alias, src).id)
             known = (same_as or {}).get(n)
             if known is not None:
                 thesis_ids.append(known)
@@ -324,6 +365,10 @@ class ChangeSetBuilder:
         if fact.object and fact.relation:
             # what a later fact is compared with: same subject and relation, another object may replace it
             props |= {"relation": ids.normalize_text(fact.relation), "object": fact.object}
+        for end in ALIAS_ENDS:  # the name it was said with: what unmerging an alias moves back
+            alias = getattr(fact, f"{end}_alias")
+            if alias is not None:
+                props[f"{end}_alias"] = alias.said
         if fact.when is not None:
             props |= {
                 "when_text": fact.when.text,

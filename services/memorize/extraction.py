@@ -82,9 +82,24 @@ class ExtractionInput:
     participants: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Alias:
+    """A name a fact said, resolved to a known object of the same user (``services.memorize.entities``)."""
+
+    said: str  # the name as the fact said it ("Mel")
+    canonical: str  # the id of the object it was merged into (Melanie's)
+    method: str  # "normalized": equal after a light normalisation; "confirmed": the model said so; "alias": known
+    name_score: float = 0.0  # rapidfuzz WRatio of the two names, 0-100
+    similarity: float = 0.0  # cosine of the two names' vectors
+    verdict: str = ""  # the model's verdict, when it was asked
+
+
 @dataclass
 class Fact:
-    """One checked fact: the thesis text (names, no pronouns), its subject and object, and when it happened."""
+    """One checked fact: the thesis text (names, no pronouns), its subject and object, and when it happened.
+
+    ``subject_alias``/``object_alias``: set when entity resolution attached the subject or object to a known
+    object under another name (the fact keeps its own words; ``subject``/``object`` name the canonical object)."""
 
     subject: str
     text: str
@@ -95,6 +110,8 @@ class Fact:
     when: When | None = None
     #: time words the message says of this fact that name no time ``resolve`` can place ("since I was 12")
     unresolved: str = ""
+    subject_alias: Alias | None = None
+    object_alias: Alias | None = None
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 From the episodes a tombstone names, the erasure follows the provenance the memorize steps wrote:
 - the episodes go, with their edges and index entries;
-- a thesis or object goes when no remaining episode supports it (its episodic edges are its sources); what
+- a thesis or object goes when no remaining episode supports it (its episodic edges are its sources; an alias
+  record of a merged name, ``ChangeSetBuilder._alias``, is supported by the messages that said the name); what
   another source still supports stays, and if its first source was forgotten it takes its times from the next
   one, as if the forgotten one had never been said;
 - a relation edge first written by a forgotten source stays only while a remaining thesis states it;

@@ -24,6 +24,7 @@ from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
 from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis_text, validity
 from services.memorize.chunking import chunk_text
+from services.memorize.entities import EntityResolver
 from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts
 from services.memorize.resolve import Pair, ResolveTask
 from services.ports import LLM, AnnouncementLog, Embedder, MemoryStore, VectorItem
@@ -158,6 +159,7 @@ class MemorizeService:
         self.llm = llm
         self.embedder = embedder
         self.settings = settings
+        self.entities = EntityResolver(store, llm, embedder, settings)
 
     async def memorize(self, events: Sequence[MemoryEvent], source_topic: str = "memorize") -> MemorizeOutcome:
         outcome = MemorizeOutcome()
@@ -217,6 +219,8 @@ class MemorizeService:
             metrics.EXTRACTION_FAILURES.labels(reason="llm_unavailable").inc()
             self._dead_letter(outcome, events, source_topic, "llm_unavailable", repr(exc), attempts_made(exc))
             return
+        found, entity_calls = await self.entities.resolve(user_id, found)  # aliases -> the objects they name
+        calls += entity_calls
         sources = [_with_outcome(u.source, f) for u, f in zip(units, found, strict=True)]
         texts = [thesis_text(fact) for f in found for fact in f.facts]
         vectors = dict(zip(texts, await self.embedder.embed(texts), strict=True)) if texts else {}

@@ -2,15 +2,16 @@
 
 An exact normalised-name hit (``GraphStore.find_objects``) comes first: it is free and certain. The rest of the top-n
 comes from the fused dense + lexical search over object vertices, which also finds spelling and naming variants.
-Several vertices per entity are kept on purpose: the same thing may live under different names in unconnected
-subgraphs, and stage 5 combines them.
+An alias record (a name memorize merged into another object, ``services.memorize.entities``) stands for the object
+it names: a question about "Mel" reaches Melanie's facts. Several vertices per entity are kept on purpose: the same
+thing may live under different names in unconnected subgraphs, and stage 5 combines them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from services.domain import Vertex, VertexKind
@@ -60,6 +61,9 @@ class EntityMatcher:
         wanted -= {v.id for v in exact.values()}  # already loaded
         found = await self.graph.get_vertices(user_id, sorted(wanted)) if wanted else {}
         found = {v.id: v for v in exact.values()} | found
+        canonical = await self._canonical(user_id, found.values())
+        exact = {key: canonical.get(v.id, v) for key, v in exact.items()}
+        found = {i: canonical.get(i, v) for i, v in found.items()}
 
         # Keyed by normalised name per the port; re-keying by the vertex name keeps us right if an adapter differs.
         exact_by_name = {normalize_name(v.name): v for v in exact.values()} | dict(exact)
@@ -86,6 +90,14 @@ class EntityMatcher:
             # A lexical query the index cannot parse must not lose the dense half of the match.
             log.warning("entity_search_fused_failed", entity=entity, exc_info=True)
             return await self.vectors.search(user_id, [VertexKind.OBJECT.value], vector, None, k=k)
+
+    async def _canonical(self, user_id: str, vertices: Iterable[Vertex]) -> dict[str, Vertex]:
+        """Per alias record among ``vertices``, the object it stands for (a record whose object is gone is itself)."""
+        pointing = {v.id: v.alias_of for v in vertices if v.alias_of}
+        if not pointing:
+            return {}
+        targets = await self.graph.get_vertices(user_id, sorted({t for t in pointing.values() if t}))
+        return {i: targets[t] for i, t in pointing.items() if t in targets}
 
     @staticmethod
     def _usable(user_id: str, vertex: Vertex) -> bool:
