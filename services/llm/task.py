@@ -11,6 +11,7 @@ import json
 import re
 import secrets
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -96,14 +97,20 @@ class LLMTask(ABC, Generic[OutT, T]):
         return self.postprocess(output, inputs)
 
 
-def numbered_pairs_schema(schema: dict[str, Any], count: int) -> dict[str, Any]:
+def numbered_pairs_schema(
+    schema: dict[str, Any], count: int, allowed: Sequence[Sequence[str]] | None = None
+) -> dict[str, Any]:
     """A pair-judging task's output schema (``{"pairs": [{"p", "verdict"}]}``, the entry model ``PairOut``)
-    narrowed to exactly ``count`` pairs, each with its number fixed: decoding can neither skip nor repeat one."""
+    narrowed to exactly ``count`` pairs, each with its number fixed: decoding can neither skip nor repeat one.
+    ``allowed``: per pair, the verdicts it may have (default: the entry model's)."""
     entry = schema["$defs"]["PairOut"]
-    numbered = [
-        {**entry, "properties": {**entry["properties"], "p": {"const": n}}, "required": ["p", "verdict"]}
-        for n in range(1, count + 1)
-    ]
+    numbered = []
+    for n in range(1, count + 1):
+        verdict = entry["properties"]["verdict"]
+        if allowed is not None:
+            verdict = {"type": "string", "enum": list(allowed[n - 1])}
+        properties = {**entry["properties"], "p": {"const": n}, "verdict": verdict}
+        numbered.append({**entry, "properties": properties, "required": ["p", "verdict"]})
     pairs = {"type": "array", "prefixItems": numbered, "minItems": count, "maxItems": count}
     return {**schema, "properties": {"pairs": pairs}, "required": ["pairs"]}
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.llm.task import LLMTask
+from services.llm.task import LLMTask, numbered_pairs_schema
 from services.ports import LLMMessage
 
 Verdict = Literal["same", "updates", "compatible", "confirms", "refutes"]
@@ -107,17 +107,7 @@ class ResolveTask(LLMTask[ResolveOut, list[Verdict]]):
         schema = self.output_model.model_json_schema()
         if not isinstance(inputs, list):
             return schema
-        entry = schema["$defs"]["PairOut"]
-        numbered = [
-            {
-                **entry,
-                "properties": {"p": {"const": n}, "verdict": {"type": "string", "enum": list(pair.allowed)}},
-                "required": ["p", "verdict"],
-            }
-            for n, pair in enumerate(inputs, start=1)
-        ]
-        pairs = {"type": "array", "prefixItems": numbered, "minItems": len(inputs), "maxItems": len(inputs)}
-        return {**schema, "properties": {"pairs": pairs}, "required": ["pairs"]}
+        return numbered_pairs_schema(schema, len(inputs), [pair.allowed for pair in inputs])
 
     def postprocess(self, output: ResolveOut, inputs: list[Pair]) -> list[Verdict]:
         verdicts: dict[int, Verdict] = {pair.p: pair.verdict for pair in output.pairs}
