@@ -15,7 +15,9 @@ day, a week ("the week before 9 June 2023" is 2-8 June), a weekend, a month or a
 week") counts when it lies within the answer's or, if at most a week long, contains it. Two places are scored
 apart: ``t_valid`` (the date the reader sees in front of every thesis, what as-of and invalidation order use) and
 the thesis's words (the time extraction resolved and wrote into the text). Answers that are durations ("4 years",
-"10 years ago") name no date and are counted, not scored.
+"10 years ago") name no date and are counted, not scored. Each is scored twice: any retrieved thesis with the
+date (loose: for "June 2023" any thesis of a June message counts), and a retrieved thesis derived from one of the
+question's evidence turns with the date (strict: the answer's own thesis, with its date).
 
 ``--validity message`` builds memory with the rule before issue 11 (t_valid = the message's time); with the LLM
 cache it re-extracts nothing, so before and after differ only by that rule.
@@ -221,33 +223,36 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     retrievers = {name: get_retriever(name, store, store, embedder) for name in RETRIEVERS}
     scored = [q for q in questions if q.span is not None]
     rows: list[dict[str, Any]] = []
+    evidence_dated = 0
     for q in scored:
         user = f"temporal-{q.sample}"
+        span = q.span
+        assert span is not None
+        # the theses memorize derived from the evidence turns: a date on one of them is the answer's, not a
+        # coincidence of another thesis of the same month
+        derived = await _theses_of_events(store, user, [f"locomo:{q.sample}:{e}" for e in q.evidence])
+        evidence_dated += any(_hits(text_spans(t) + valid_spans(t), span) for t in derived)
+        from_evidence = {t.id for t in derived}
         vector = (await embedder.embed([q.text]))[0]
         matches = await matcher.match(user, sorted(names_in(q.text)))
         seeds = list(dict.fromkeys(m.vertex.id for ms in matches.values() for m in ms))
         row: dict[str, Any] = {"sample": q.sample, "question": q.text, "answer": q.answer, "evidence": q.evidence}
-        assert q.span is not None
-        row["gold"] = [q.span.first.isoformat(), q.span.last.isoformat()]
+        row["gold"] = [span.first.isoformat(), span.last.isoformat()]
         for name, retriever in retrievers.items():
             request = RetrievalRequest(user_id=user, query=q.text, query_vector=vector, seeds=seeds)
             theses = theses_of(await retriever.retrieve(request))
-            by_valid = [t.name for t in theses if _hits(valid_spans(t), q.span)]
-            by_text = [t.name for t in theses if _hits(text_spans(t), q.span)]
+            by_valid = [t for t in theses if _hits(valid_spans(t), span)]
+            by_text = [t for t in theses if _hits(text_spans(t), span)]
             row[name] = {
                 "t_valid": bool(by_valid),
                 "text": bool(by_text),
+                "evidence_t_valid": any(t.id in from_evidence for t in by_valid),
+                "evidence_text": any(t.id in from_evidence for t in by_text),
+                "evidence_retrieved": any(t.id in from_evidence for t in theses),
                 "theses": len(theses),
-                "hit": by_valid or by_text,
+                "hit": [t.text for t in {t.id: t for t in by_valid + by_text}.values()],
             }
         rows.append(row)
-    evidence_dated = 0
-    for q in scored:
-        events = [f"locomo:{q.sample}:{e}" for e in q.evidence]
-        theses = await _theses_of_events(store, f"temporal-{q.sample}", events)
-        span = q.span
-        assert span is not None
-        evidence_dated += any(_hits(text_spans(t) + valid_spans(t), span) for t in theses)
     summary: dict[str, Any] = {
         "validity": args.validity,
         "samples": args.samples,
@@ -265,9 +270,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
     }
     for name in RETRIEVERS:
-        summary[name] = {key: sum(bool(r[name][key]) for r in rows) for key in ("t_valid", "text")} | {
-            "either": sum(bool(r[name]["hit"]) for r in rows)
-        }
+        keys = ("t_valid", "text", "evidence_retrieved", "evidence_t_valid", "evidence_text")
+        summary[name] = {key: sum(bool(r[name][key]) for r in rows) for key in keys}
+        summary[name]["either"] = sum(bool(r[name]["hit"]) for r in rows)
+        summary[name]["evidence_either"] = sum(r[name]["evidence_t_valid"] or r[name]["evidence_text"] for r in rows)
     await llm.close()
     await store.close()
     await cache.close()

@@ -75,10 +75,11 @@ class Settings(BaseSettings):
         default=3, ge=0, description="known theses per new fact judged for contradiction (0: no duplicate checks)"
     )
     contradiction_min_similarity: float = Field(
-        default=0.6,
+        default=0.75,
         ge=0.0,
         le=1.0,
-        description="cosine at which a known thesis about the same entities is judged with a new fact",
+        description="cosine at which a known thesis of the same subject, relating it to another entity, is judged "
+        "with a new fact",
     )
     duplicate_min_similarity: float = Field(
         default=0.9, ge=0.0, le=1.0, description="cosine at which a known thesis of the same subject is the same fact"
@@ -90,7 +91,7 @@ class Settings(BaseSettings):
         default=80.0,
         ge=0.0,
         le=100.0,
-        description="name similarity (rapidfuzz WRatio) making two names a candidate pair",
+        description="name similarity (services.memorize.entities.name_score, 0-100) making two names a candidate pair",
     )
     entity_min_similarity: float = Field(
         default=0.85, ge=0.0, le=1.0, description="cosine of two names' vectors making them a candidate pair"

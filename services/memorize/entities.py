@@ -5,8 +5,8 @@ For every entity name of the new facts that has no object of this user yet:
 - candidates are the user's objects found by the store's dense and lexical search on the name (never another
   user's: every store call is scoped by the user id), the known names elsewhere in the batch, and the other new
   names of the batch (so two new spellings in one batch become one object too);
-- a candidate pair is one whose names are alike (rapidfuzz WRatio >= ``entity_name_min_score``: prefixes,
-  spelling variants, reordered or extra words) or whose name vectors are close (cosine >=
+- a candidate pair is one whose names are alike (``name_score`` >= ``entity_name_min_score``: prefix nicknames,
+  spelling variants, reordered words) or whose name vectors are close (cosine >=
   ``entity_min_similarity``: "mom" / "mother");
 - a pair equal after a light normalisation (case, accents, punctuation, spacing: "St. Mary's" / "St Marys") merges
   without a call; the rest, at most ``entity_candidates`` per name, are judged by ONE ``same_entity`` call per
@@ -55,9 +55,26 @@ def light_key(name: str) -> str:
 
 
 def name_score(a: str, b: str) -> float:
-    """How alike two names are as strings, 0-100: WRatio weighs whole, partial ("Mel" in "Melanie") and
-    token-set matches."""
-    return float(fuzz.WRatio(a, b, processor=utils.default_process))
+    """How alike two names are as strings, 0-100: whole-name edit similarity (spelling variants, "Carolin"), in
+    any word order, or 90 for a proper name's prefix nickname ("Mel" / "Melanie"). Not partial matches inside
+    longer strings: on LoCoMo those made "work" a candidate for "support network" (docs/benchmarks.md)."""
+    x, y = utils.default_process(a), utils.default_process(b)
+    whole = max(fuzz.ratio(x, y), fuzz.token_sort_ratio(x, y))
+    return max(float(whole), 90.0 if _nickname(a, b) or _nickname(b, a) else 0.0)
+
+
+def _nickname(short: str, full: str) -> bool:
+    """``short`` is one capitalised word of 3+ letters that begins ``full``'s first word and is shorter."""
+    words = full.split()
+    return (
+        len(short) >= 3
+        and " " not in short.strip()
+        and short[:1].isupper()
+        and bool(words)
+        and words[0][:1].isupper()
+        and len(words[0]) > len(short)
+        and words[0].casefold().startswith(short.strip().casefold())
+    )
 
 
 def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
