@@ -317,9 +317,12 @@ async def test_candidates_relate_the_same_subject_or_are_nearest_and_one_call_ju
     carl = Said("Carl married Dana.", "Carl", "married", "Dana")  # the same relation to Dana, another subject
     bosch = Said("Carl is employed by Bosch.", "Carl", "employed by", "Bosch")  # near in meaning, other words
     said_in_2019 = Said("In 2019 Carl lived in Oslo.", "Carl", "lives in", "Oslo", when="in 2019")
+    memory.judge(bosch, siemens, "updates")
     await memory.say(carl, bosch, said_in_2019)
     shown = {(new, known) for new, _, known, _ in memory.script.shown}
     assert (carl.text, eve.text) not in shown and (bosch.text, siemens.text) in shown
+    # "updates" on a pair found by meaning alone is not acted on (the default model gave it wrongly throughout)
+    assert (await memory.thesis(siemens)).t_invalid is None
     assert (bosch.text, bicycle.text) not in shown  # not near enough in meaning
     # the world time the words name, not the message time
     dates = {date for new, date, known, _ in memory.script.shown if new.startswith("In 2019") and known == bergen.text}
