@@ -69,15 +69,4 @@ class NoRetrieval:
                 calls = result.calls
                 if result.value.found:
                     status, text = AnswerStatus.ANSWERED, result.value.answer
-        return Answer(
-            event_id=f"ans_{query.query_id}",
-            user_id=query.user_id,
-            event_time=query.event_time,
-            query_id=query.query_id,
-            trace_id=f"tr_{query.query_id}",
-            question=query.question,
-            answer=text,
-            status=status,
-            llm_calls=calls,
-            error=error,
-        )
+        return Answer.to(query, answer=text, status=status, llm_calls=calls, error=error)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -222,6 +222,19 @@ class Answer(Event):
     duration_ms: float = 0.0
     llm_calls: int = 0
     error: str | None = None
+
+    @classmethod
+    def to(cls, query: Query, *, trace_id: str | None = None, **fields: Any) -> Answer:
+        """The answer to ``query``: its ids, user, time and question, and ``fields``."""
+        return cls(
+            event_id=f"ans_{query.query_id}",
+            user_id=query.user_id,
+            event_time=query.event_time,
+            query_id=query.query_id,
+            trace_id=trace_id or f"tr_{query.query_id}",
+            question=query.question,
+            **fields,
+        )
 
 
 class DeadLetter(BaseModel):

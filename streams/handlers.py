@@ -298,14 +298,4 @@ class QAHandler:
 
 
 def error_answer(query: Query, error: str) -> Answer:
-    return Answer(
-        event_id=f"ans_{query.query_id}",
-        user_id=query.user_id,
-        event_time=query.event_time,
-        query_id=query.query_id,
-        trace_id=f"tr_{query.query_id}",
-        question=query.question,
-        answer="",
-        status=AnswerStatus.ERROR,
-        error=error[:2000],
-    )
+    return Answer.to(query, answer="", status=AnswerStatus.ERROR, error=error[:2000])

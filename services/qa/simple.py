@@ -131,13 +131,9 @@ class SimpleQA:
         llm_calls: int,
         error: str | None,
     ) -> Answer:
-        return Answer(
-            event_id=f"ans_{query.query_id}",
-            user_id=query.user_id,
-            event_time=query.event_time,
-            query_id=query.query_id,
+        return Answer.to(
+            query,
             trace_id=trace_id,
-            question=query.question,
             answer=text,
             status=status,
             evidence=evidence,
