@@ -260,7 +260,7 @@ class ChangeSetBuilder:
         )
         return edge_id
 
-    def _object(self, name: str, src: Source) -> Vertex:
+    def _object(self, name: str, src: Source, props: dict[str, str] | None = None) -> Vertex:
         name = " ".join(name.split())
         return self._vertex(
             Vertex(
@@ -268,6 +268,7 @@ class ChangeSetBuilder:
                 user_id=self.user_id,
                 kind=VertexKind.OBJECT,
                 name=name,
+                props=props or {},
                 t_created=src.ingest_time,
                 t_valid=src.event_time,
             )
@@ -279,21 +280,11 @@ class ChangeSetBuilder:
         any object, so a question naming "Mel" reaches Melanie; linked to every episode that said it, so
         forgetting them all removes it (``services.memorize.forget``)."""
         evidence = {k: v for k, v in asdict(alias).items() if k not in ("said", "canonical")}
-        name = " ".join(alias.said.split())
-        return self._vertex(
-            Vertex(
-                id=ids.object_id(self.user_id, name),
-                user_id=self.user_id,
-                kind=VertexKind.OBJECT,
-                name=name,
-                props={
-                    ALIAS_OF: alias.canonical,
-                    "alias_evidence": json.dumps(evidence | {"event_id": src.event_id}, sort_keys=True),
-                },
-                t_created=src.ingest_time,
-                t_valid=src.event_time,
-            )
-        )
+        props = {
+            ALIAS_OF: alias.canonical,
+            "alias_evidence": json.dumps(evidence | {"event_id": src.event_id}, sort_keys=True),
+        }
+        return self._object(alias.said, src, props)
 
     def add(self, src: Source, found: ItemFacts | None, same_as: dict[int, str] | None = None) -> list[str]:
         """The episode of ``src`` and its facts; returns the thesis id of each fact, in order.
