@@ -71,11 +71,6 @@ def _units(event: MemoryEvent, chunk_chars: int) -> list[_Unit]:
     return units
 
 
-def _entities(fact: Fact) -> list[str]:
-    """The entities a fact is about: its subject, and its object if it names one."""
-    return [fact.subject, fact.object] if fact.object else [fact.subject]
-
-
 def _rival(fact: Fact, old: Vertex) -> bool:
     """``old`` relates the same subject to another entity than ``fact`` does, or, when either is an opinion or a
     prediction, otherwise to the same one ("thinks Dune is boring" / "is great"; "will get the job at Acme" / "was
@@ -357,14 +352,16 @@ class MemorizeService:
                 if old.t_invalid is None and old.props.get("subject") == fact.subject and same_kind:
                     same_as.setdefault(unit_n, {})[fact_n] = old.id
                     break
-        entities = sorted({name for _, _, fact in facts for name in _entities(fact)})
-        about = {e: await self.store.valid_theses(user_id, [ids.object_id(user_id, e)], limit=200) for e in entities}
+        # a candidate relates the same subject (``_rival``), and so does every thesis stating its relation edge: the
+        # subjects' theses are all that is read
+        subjects = sorted({fact.subject for _, _, fact in facts})
+        about = {e: await self.store.valid_theses(user_id, [ids.object_id(user_id, e)], limit=200) for e in subjects}
         pairs: list[tuple[int, int, Vertex]] = []
         by_meaning: set[tuple[int, int, str]] = set()  # pairs found only by meaning, not by a shared relation
         for (unit_n, fact_n, fact), scored in zip(facts, near, strict=True):
             if fact_n in same_as.get(unit_n, {}):
                 continue
-            shared = {v.id: v for e in _entities(fact) for v in about[e] if _rival(fact, v)}
+            shared = {v.id: v for v in about[fact.subject] if _rival(fact, v)}
             # the same relation to another entity, or (an opinion, a prediction) another relation to the same one:
             # judged whatever their wording; the rest only when near in meaning
             rivals = [old for old in shared.values() if _same_relation(fact, old) or _same_object(fact, old)]
@@ -408,7 +405,7 @@ class MemorizeService:
             if verdict == "same":
                 same_as.setdefault(unit_n, {}).setdefault(fact_n, old.id)
             elif verdict != "compatible":
-                known_about = [v for e in _entities(found[unit_n].facts[fact_n]) for v in about[e]]
+                known_about = about[found[unit_n].facts[fact_n].subject]
                 theirs = {m.id: partners[m.id].props for m in thesis_marks(old.props) if m.id in partners}
                 ref = KnownRef.of(old, known_about, verdict, theirs)
                 replaced.setdefault(unit_n, []).append((fact_n, ref))
