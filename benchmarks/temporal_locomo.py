@@ -37,10 +37,10 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from evaluation.metrics import derived_ids
 from schemas.events import ChatMessage
-from services import ids
 from services.adapters.sqlite import SqliteMemoryStore
-from services.domain import EdgeKind, Triplet, Vertex, VertexKind
+from services.domain import Triplet, Vertex, VertexKind
 from services.ingest.locomo import locomo_messages
 from services.llm.factory import build_embedder, build_llm
 from services.memorize import builder
@@ -284,10 +284,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _theses_of_events(store: SqliteMemoryStore, user: str, event_ids: list[str]) -> list[Vertex]:
-    """The theses memorize derived from these messages: their episodes' thesis neighbours, valid or not."""
-    episodes = [ids.episode_id(user, event_id, 0) for event_id in event_ids]
-    triplets = await store.neighbors(user, episodes, [EdgeKind.EPISODIC])
-    return theses_of(triplets)
+    """The theses memorize derived from these chat messages, valid or not (the harness's mapping)."""
+    derived = await derived_ids(store, user, dict.fromkeys(event_ids, ""), chunk_chars=1)
+    found = await store.get_vertices(user, sorted(set().union(*derived.values())))
+    return [v for v in found.values() if v.kind is VertexKind.THESIS]
 
 
 def main() -> None:
