@@ -9,6 +9,7 @@ rerun), ``results.json`` and ``report.md`` with its plots.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
@@ -176,7 +177,9 @@ class Harness:
         by_user: dict[str, list[datasets.MemoryEvent]] = {}
         for event in events:
             by_user.setdefault(event.user_id, []).append(event)
-        for user_events in by_user.values():
+
+        async def one_user(user_events: list[datasets.MemoryEvent]) -> None:
+            nonlocal memorized, skipped
             for start in range(0, len(user_events), self.config.batch):
                 chunk = user_events[start : start + self.config.batch]
                 outcome = await service.memorize(chunk)
@@ -186,6 +189,9 @@ class Harness:
                     {"event_id": d.event_id, "reason": d.reason, "error": d.error[:300]} for d in outcome.dead_letters
                 )
                 bar.update(len(chunk))
+
+        # users are independent (as partitions are in the worker): their batches share the model's decoding slots
+        await asyncio.gather(*(one_user(user_events) for user_events in by_user.values()))
         bar.close()
         raw_written = await index_raw(self.raw, self.embedder, events, self.settings.document_chunk_chars)
         usage = _fresh(before, _snapshot(self.llm))
