@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -71,8 +72,22 @@ def _document(prefix: str, user_id: str, title: str, text: str) -> Document:
     )
 
 
-def load_locomo(path: Path, samples: set[str] | None = None, adversarial: bool = False) -> Dataset:
-    """Each conversation its own user; turns as chat events at their session's date; QA with evidence turns."""
+_SESSION_OF = re.compile(r"D(\d+):\d+$")
+
+
+def locomo_session(turn_id: str) -> int:
+    """The session number of a LoCoMo dialogue id ("D3:5" -> 3; also the tail of an event id "locomo:conv-26:D3:5");
+    0 for an id not of that form (a few evidence ids are malformed), which no session limit excludes."""
+    found = _SESSION_OF.search(turn_id.strip())
+    return int(found.group(1)) if found else 0
+
+
+def load_locomo(
+    path: Path, samples: set[str] | None = None, adversarial: bool = False, sessions: int | None = None
+) -> Dataset:
+    """Each conversation its own user; turns as chat events at their session's date; QA with evidence turns.
+    ``sessions``: only the first N sessions of each, and the questions whose evidence lies all within them (a
+    long conversation's memory is built in order, so its first sessions can be scored while the rest is built)."""
     data = _read(path)
     events: list[MemoryEvent] = []
     questions: list[EvalQuestion] = []
@@ -81,10 +96,14 @@ def load_locomo(path: Path, samples: set[str] | None = None, adversarial: bool =
         if samples and sid not in samples:
             continue
         user = f"eval-locomo-{sid}"
-        events.extend(locomo_messages(sample, user))
+        events.extend(
+            m for m in locomo_messages(sample, user) if sessions is None or locomo_session(m.event_id) <= sessions
+        )
         for n, qa in enumerate(sample.get("qa", [])):
             category = int(qa.get("category", 0))
             if category == 5 and not adversarial:
+                continue
+            if sessions is not None and any(locomo_session(e) > sessions for e in qa.get("evidence", []) if e):
                 continue
             answer = "No answer" if category == 5 else str(qa.get("answer", ""))
             evidence = [f"locomo:{sid}:{e}".replace(" ", "_") for e in qa.get("evidence", []) if e]
@@ -216,6 +235,7 @@ def load(
     seed: int = 0,
     samples: set[str] | None = None,
     adversarial: bool = False,
+    sessions: int | None = None,
 ) -> Dataset:
     """The named dataset from ``data`` (or its default file under ``data_dir``). LoCoMo keeps every question of
     the chosen conversations (``--questions`` samples the answered ones later); the others take ``questions``
@@ -225,7 +245,7 @@ def load(
     files = DEFAULT_FILES[name]
     path = data or data_dir / files[0]
     if name == "locomo":
-        return load_locomo(path, samples, adversarial)
+        return load_locomo(path, samples, adversarial, sessions)
     if name == "mine":
         return load_mine(path, questions, seed)
     if name == "hotpotqa":

@@ -63,6 +63,7 @@ class EvalConfig:
     questions: int | None = None  # end-to-end sample; the documents datasets also memorize only theirs
     seed: int = 0
     samples: set[str] | None = None
+    sessions: int | None = None  # LoCoMo: the first N sessions of each conversation
     adversarial: bool = False
     modes: tuple[str, ...] = MODES
     retrievers: tuple[str, ...] = ("beamsearch", "flat", "mixture")
@@ -407,6 +408,7 @@ async def evaluate(config: EvalConfig) -> dict[str, Any]:
         config.seed,
         config.samples,
         config.adversarial,
+        config.sessions,
     )
     settings = _settings(config)
     embedder = build_embedder(settings)

@@ -519,6 +519,9 @@ def eval_(
     ] = None,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
     sample: Annotated[list[str] | None, typer.Option(help="LoCoMo sample_id (repeatable)")] = None,
+    sessions: Annotated[
+        int | None, typer.Option(min=1, help="LoCoMo: the first N sessions and the questions they answer")
+    ] = None,
     adversarial: Annotated[bool, typer.Option(help="LoCoMo: include category 5 (gold: no answer)")] = False,
     mode: Annotated[list[str] | None, typer.Option(help="memory, flat_rag, no_retrieval (repeatable)")] = None,
     retriever: Annotated[list[str] | None, typer.Option(help="retrievers of the LLM-free evaluation")] = None,
@@ -551,6 +554,7 @@ def eval_(
         questions=questions,
         seed=seed,
         samples=set(sample) if sample else None,
+        sessions=sessions,
         adversarial=adversarial,
         modes=tuple(mode or MODES),
         budget=budget,

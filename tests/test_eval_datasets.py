@@ -69,6 +69,15 @@ def test_locomo_turns_are_chat_events_at_their_session_date(tmp_path: Path) -> N
     assert with_adversarial.questions[-1].answers == ["No answer"]
 
 
+def test_locomo_sessions_keep_the_first_sessions_and_the_questions_they_answer(tmp_path: Path) -> None:
+    ds = datasets.load("locomo", tmp_path, write(tmp_path, "tiny.json", TINY_LOCOMO), sessions=1)
+    assert [e.event_id for e in ds.events] == ["locomo:conv-t:D1:1", "locomo:conv-t:D1:2"]
+    # the questions whose evidence lies in session 2 cannot be answered from session 1
+    assert [q.text for q in ds.questions] == ["When did Alice adopt Rex?"]
+    assert datasets.locomo_session("D12:3") == 12
+    assert datasets.locomo_session("D") == 0  # malformed evidence ids exclude nothing
+
+
 def test_mine_essays_are_documents_of_their_own_users_and_facts_the_questions(tmp_path: Path) -> None:
     data = {
         "essays": [
