@@ -74,6 +74,11 @@ class Settings(BaseSettings):
     invalidation_candidates: int = Field(
         default=3, ge=0, description="known theses per new fact judged for contradiction (0: no duplicate checks)"
     )
+    resolve_check: bool = Field(
+        default=True,
+        description="act on a verdict that ends or refutes a known thesis only when a second question (could one "
+        "person say both?) agrees",
+    )
     contradiction_min_similarity: float = Field(
         default=0.75,
         ge=0.0,

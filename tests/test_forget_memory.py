@@ -24,7 +24,7 @@ from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import EdgeKind
 from services.llm.layers import CachedLLM
-from services.llm.scripted import ScriptedLLM, rule_extract
+from services.llm.scripted import ScriptedLLM, rule_extract, rule_resolve_check
 from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
 from services.ports import ForgetStore, KeyValueCache, LLMRequest, MemoryStore
@@ -159,7 +159,9 @@ async def open_memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: 
             for user in USERS:
                 await store.delete_user(user)
                 await store.forget(user, None)
-        llm = ScriptedLLM({"extract": extract, "resolve": resolve}, model="scripted-rules")
+        llm = ScriptedLLM(
+            {"extract": extract, "resolve": resolve, "resolve_check": rule_resolve_check}, model="scripted-rules"
+        )
         cached = CachedLLM(llm, store)
         settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
         return Memory(

@@ -33,7 +33,7 @@ from services.domain import (
     thesis_marks,
     with_marks,
 )
-from services.llm.scripted import ScriptedLLM, rule_same_entity
+from services.llm.scripted import ScriptedLLM, rule_resolve_check, rule_same_entity
 from services.memorize.builder import ChangeSetBuilder, KnownRef, Source
 from services.memorize.extraction import Fact, ItemFacts
 from services.memorize.forget import ForgetService
@@ -168,7 +168,14 @@ async def memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: MiniL
         await store.forget(USER, None)
     script = Script()
     # entity resolution asks about look-alike names ("Porto" / "Porto in Portugal"): the rule judge keeps them two
-    llm = ScriptedLLM({"extract": script.extract, "resolve": script.resolve, "same_entity": rule_same_entity})
+    llm = ScriptedLLM(
+        {
+            "extract": script.extract,
+            "resolve": script.resolve,
+            "resolve_check": rule_resolve_check,
+            "same_entity": rule_same_entity,
+        }
+    )
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
     yield Memory(
         store,

@@ -16,7 +16,7 @@ from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, Vertex, VertexKind
 from services.llm.layers import RetryingLLM
-from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM, rule_extract
+from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM, rule_extract, rule_resolve_check
 from services.memorize.service import MemorizeService
 from services.settings import Settings
 
@@ -145,10 +145,12 @@ async def test_contradiction_invalidates_without_deleting(store, embedder) -> No
         return verdicts("updates")
 
     llm.responders["resolve"] = judge
+    llm.responders["resolve_check"] = rule_resolve_check
     later = msg(2, "I moved to Berlin!", at=T0 + timedelta(days=30))
     outcome = await svc.memorize([later])
     assert all("Paris" not in m.content for r in llm.calls_for("extract")[1:] for m in r.messages[-1:])
-    assert outcome.updates[0].theses_invalidated == 1 and outcome.updates[0].llm_calls == 2
+    # extraction, resolve, and the check that confirmed the update
+    assert outcome.updates[0].theses_invalidated == 1 and outcome.updates[0].llm_calls == 3
     old_id, new_id = ids.thesis_id("u1", "Anna lives in Paris."), ids.thesis_id("u1", "Anna lives in Berlin.")
     found = await store.get_vertices("u1", [old_id, new_id])
     old = found[old_id]
@@ -161,6 +163,60 @@ async def test_contradiction_invalidates_without_deleting(store, embedder) -> No
     assert [v.id for v in await store.valid_theses("u1")] == [new_id]
 
 
+def check_replies(*words: str) -> dict:
+    return {"pairs": [{"p": n, "verdict": w} for n, w in enumerate(words, start=1)]}
+
+
+async def two_states(store: SqliteMemoryStore, embedder: MiniLMEmbedder, **overrides: object) -> ScriptedLLM:
+    """Anna lives in Paris, then in Berlin, with "updates" from resolve; the check is left to the caller."""
+    llm = ScriptedLLM()
+    llm.queue("extract", reply(fact("Anna lives in Paris.", relation="lives in", obj="Paris")))
+    svc = service(store, llm, embedder, **overrides)
+    await svc.memorize([msg(1, "I live in Paris.")])
+    llm.queue("extract", reply(fact("Anna lives in Berlin.", relation="lives in", obj="Berlin")))
+    llm.queue("resolve", verdicts("updates"))
+    return llm
+
+
+def resolve_check_count(verdict: str) -> float:
+    return REGISTRY.get_sample_value("memstream_resolve_pairs_total", {"verdict": verdict}) or 0.0
+
+
+async def test_an_update_the_check_does_not_confirm_keeps_both(store, embedder) -> None:
+    llm = await two_states(store, embedder)
+    llm.queue("resolve_check", check_replies("both_true"))
+    before = resolve_check_count("updates_unconfirmed_kept")
+    svc = service(store, llm, embedder)
+    outcome = await svc.memorize([msg(2, "I moved to Berlin!", at=T0 + timedelta(days=30))])
+    # the check is shown the pair resolve judged, the other way round
+    (check,) = llm.calls_for("resolve_check")
+    assert "NEW (2023-05-31): Anna lives in Berlin.\n    KNOWN (2023-05-01): Anna lives in Paris." in (
+        check.messages[-1].content
+    )
+    assert outcome.updates[0].theses_invalidated == 0 and outcome.updates[0].llm_calls == 3
+    assert (await store.stats("u1")).theses_valid == 2
+    assert resolve_check_count("updates_unconfirmed_kept") == before + 1
+
+
+async def test_a_failed_check_keeps_both(store, embedder) -> None:
+    llm = await two_states(store, embedder)
+    llm.queue("resolve_check", "not json", "still not", "nor this")  # every attempt rejected
+    before = REGISTRY.get_sample_value("memstream_extraction_failures_total", {"reason": "resolve_check_failed"}) or 0
+    outcome = await service(store, llm, embedder).memorize([msg(2, "I moved to Berlin!", at=T0 + timedelta(days=30))])
+    assert outcome.updates[0].theses_invalidated == 0 and not outcome.dead_letters
+    assert REGISTRY.get_sample_value("memstream_extraction_failures_total", {"reason": "resolve_check_failed"}) == (
+        before + 1
+    )
+
+
+async def test_the_check_can_be_turned_off(store, embedder) -> None:
+    llm = await two_states(store, embedder)
+    outcome = await service(store, llm, embedder, resolve_check=False).memorize(
+        [msg(2, "I moved to Berlin!", at=T0 + timedelta(days=30))]
+    )
+    assert llm.calls_for("resolve_check") == [] and outcome.updates[0].theses_invalidated == 1
+
+
 async def test_a_repeated_fact_adds_a_source_not_a_copy(store, embedder) -> None:
     llm = ScriptedLLM()
     llm.queue("extract", reply(fact("Anna enjoys hiking in the mountains.", obj="mountains")))
@@ -169,6 +225,7 @@ async def test_a_repeated_fact_adds_a_source_not_a_copy(store, embedder) -> None
     llm.queue("extract", reply(fact("Anna likes hiking in mountains.", obj="mountains")))
     llm.queue("resolve", verdicts("same"))
     await svc.memorize([msg(2, "I like hiking in mountains a lot.")])
+    assert llm.calls_for("resolve_check") == []  # nothing would end: nothing to check
     assert (await store.stats("u1")).vertices["thesis"] == 1
     known = ids.thesis_id("u1", "Anna enjoys hiking in the mountains.")
     episodes = {t.end.id for t in await store.neighbors("u1", [known]) if t.end.kind is VertexKind.EPISODIC}
@@ -192,6 +249,7 @@ async def test_late_event_about_the_past_is_the_one_invalidated(store, embedder)
     await svc.memorize([msg(1, "I live in Berlin.", at=T0 + timedelta(days=30))])
     llm.queue("extract", reply(fact("Anna lives in Paris.", relation="lives in", obj="Paris")))
     llm.queue("resolve", verdicts("updates"))
+    llm.responders["resolve_check"] = rule_resolve_check
     await svc.memorize([msg(2, "I live in Paris.", at=T0)])  # said earlier, arrived later
     berlin, paris = ids.thesis_id("u1", "Anna lives in Berlin."), ids.thesis_id("u1", "Anna lives in Paris.")
     found = await store.get_vertices("u1", [berlin, paris])

@@ -17,6 +17,7 @@ from services.llm.task import LLMTask
 from services.memorize.entity_task import NamePair, SameEntityTask
 from services.memorize.extraction import ExtractionInput, ExtractTask, Item
 from services.memorize.resolve import Pair, ResolveTask
+from services.memorize.resolve_check import CheckTask
 from services.qa.simple import AnswerTask
 
 T = datetime(2023, 6, 2, tzinfo=UTC)
@@ -37,6 +38,7 @@ def _cases() -> list[tuple[str, dict[str, Any]]]:
         ("extract", ExtractTask().json_schema(extraction)),
         ("extract-static", ExtractTask().json_schema()),
         ("resolve", ResolveTask().json_schema([Pair("a", T, "b", T)])),
+        ("resolve_check", CheckTask().json_schema([Pair("a", T, "b", T), Pair("c", T, "d", T)])),
         ("same_entity", SameEntityTask().json_schema([NamePair("Mel", "Mel ran.", "Melanie", "Melanie ran.")])),
         ("answer", AnswerTask().json_schema()),
     ]

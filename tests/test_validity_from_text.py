@@ -23,7 +23,7 @@ from services import ids
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import EdgeKind, Vertex, VertexKind
-from services.llm.scripted import ScriptedLLM
+from services.llm.scripted import ScriptedLLM, rule_resolve_check
 from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis_text, validity
 from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts
 from services.memorize.forget import ForgetService
@@ -232,7 +232,9 @@ async def memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: MiniL
         dgraph, http, grpc = remote_addresses()
         store = await RemoteMemoryStore.open(dgraph, http, grpc, embedder.dim, prefix="MemstreamWhen")
         await store.delete_user(USER)
-    llm = ScriptedLLM({"extract": extract, "resolve": resolve_pairs}, model="scripted-when")
+    llm = ScriptedLLM(
+        {"extract": extract, "resolve": resolve_pairs, "resolve_check": rule_resolve_check}, model="scripted-when"
+    )
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
     yield store, MemorizeService(store, llm, embedder, settings)
     await store.close()

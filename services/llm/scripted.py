@@ -123,6 +123,12 @@ def rule_resolve(request: LLMRequest) -> dict[str, Any]:
     return {"pairs": pairs}
 
 
+def rule_resolve_check(request: LLMRequest) -> dict[str, Any]:
+    """Stand-in for the ``resolve_check`` task: agrees with every verdict it is asked about ("not_both"), so that
+    a script's ``resolve`` verdicts act as written."""
+    return {"pairs": [{"p": int(n), "verdict": "not_both"} for n, _, _ in _PAIR.findall(request.messages[-1].content)]}
+
+
 _NAMES = re.compile(r'^\[(\d+)\] A: "(.*)" \(.*\)\n\s+B: "(.*)" \(.*\)$', re.MULTILINE)
 
 
@@ -142,7 +148,12 @@ def rule_same_entity(request: LLMRequest) -> dict[str, Any]:
 
 
 #: The rule-based responders for memorize's tasks.
-MEMORIZE_RULES = {"extract": rule_extract, "resolve": rule_resolve, "same_entity": rule_same_entity}
+MEMORIZE_RULES = {
+    "extract": rule_extract,
+    "resolve": rule_resolve,
+    "resolve_check": rule_resolve_check,
+    "same_entity": rule_same_entity,
+}
 
 
 def rule_answer(request: LLMRequest) -> dict[str, Any]:

@@ -85,22 +85,26 @@ def _date(when: datetime | None) -> str:
     return when.date().isoformat() if when else "?"
 
 
+def pair_lines(pairs: list[Pair]) -> str:
+    """The numbered pairs as every pair-judging prompt shows them: each side with the world time it is about."""
+    return "\n".join(
+        f"[{n}] NEW ({_date(p.new_time)}): {p.new}\n"
+        f"    KNOWN ({_date(p.known_time)}{', prediction' if p.known_prediction else ''}): {p.known}"
+        for n, p in enumerate(pairs, start=1)
+    )
+
+
 class ResolveTask(LLMTask[ResolveOut, list[Verdict]]):
     name = "resolve"
     output_model = ResolveOut
     max_tokens = 512
 
     def messages(self, inputs: list[Pair]) -> list[LLMMessage]:
-        lines = [
-            f"[{n}] NEW ({_date(p.new_time)}): {p.new}\n"
-            f"    KNOWN ({_date(p.known_time)}{', prediction' if p.known_prediction else ''}): {p.known}"
-            for n, p in enumerate(inputs, start=1)
-        ]
         return [
             LLMMessage(role="system", content=SYSTEM),
             LLMMessage(role="user", content=EXAMPLE_IN),
             LLMMessage(role="assistant", content=EXAMPLE_OUT),
-            LLMMessage(role="user", content="\n".join(lines)),
+            LLMMessage(role="user", content=pair_lines(inputs)),
         ]
 
     def json_schema(self, inputs: Any = None) -> dict[str, Any]:

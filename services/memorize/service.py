@@ -27,6 +27,7 @@ from services.memorize.chunking import chunk_text
 from services.memorize.entities import EntityResolver
 from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts
 from services.memorize.resolve import Pair, ResolveTask
+from services.memorize.resolve_check import CheckTask
 from services.ports import LLM, AnnouncementLog, Embedder, MemoryStore, VectorItem
 from services.settings import Settings
 
@@ -34,6 +35,7 @@ log = get_logger(__name__)
 MemoryEvent = ChatMessage | Document
 _EXTRACT = ExtractTask()
 _RESOLVE = ResolveTask()
+_CHECK = CheckTask()
 
 
 @dataclass
@@ -396,6 +398,7 @@ class MemorizeService:
         verdicts = [
             _trusted(v, (u, f, old.id) in by_meaning) for (u, f, old), v in zip(pairs, result.value, strict=True)
         ]
+        verdicts, check_calls = await self._check(user_id, task_input, verdicts)
         judged = [(p, v) for p, v in zip(pairs, verdicts, strict=True) if v not in ("same", "compatible")]
         # the theses the judged ones are marked against: ending one takes its mark off them
         marked = {m.id for (_, _, old), _ in judged for m in thesis_marks(old.props)}
@@ -409,7 +412,32 @@ class MemorizeService:
                 theirs = {m.id: partners[m.id].props for m in thesis_marks(old.props) if m.id in partners}
                 ref = KnownRef.of(old, known_about, verdict, theirs)
                 replaced.setdefault(unit_n, []).append((fact_n, ref))
-        return same_as, replaced, result.calls
+        return same_as, replaced, result.calls + check_calls
+
+    async def _check(self, user_id: str, pairs: list[Pair], verdicts: list[str]) -> tuple[list[str], int]:
+        """The verdicts that would end or refute a known thesis, asked again the other way round (could one person
+        say both?, ``resolve_check``): one the check does not confirm keeps both, counted apart so it shows."""
+        acting = [n for n, v in enumerate(verdicts) if v in ("updates", "refutes")]
+        if not acting or not self.settings.resolve_check:
+            return verdicts, 0
+        try:
+            with llm_scope(user_id):
+                result = await run_task(
+                    self.llm, _CHECK, [pairs[n] for n in acting], attempts=self.settings.extraction_attempts
+                )
+        except (TaskFailed, ConnectionError, TimeoutError) as exc:
+            # unconfirmed: both statements are kept, as when resolve itself fails
+            metrics.EXTRACTION_FAILURES.labels(reason="resolve_check_failed").inc()
+            log.warning("resolve_check_failed_keeping_both", user_id=user_id, pairs=len(acting), error=str(exc))
+            stands, calls = [False] * len(acting), getattr(exc, "attempts", 1)
+        else:
+            stands, calls = result.value, result.calls
+        checked = list(verdicts)
+        for n, confirmed in zip(acting, stands, strict=True):
+            if not confirmed:
+                metrics.RESOLVE_VERDICTS.labels(f"{verdicts[n]}_unconfirmed_kept").inc()
+                checked[n] = "compatible"
+        return checked, calls
 
     async def _write(
         self, change_set: ChangeSet, events: list[MemoryEvent], known_vectors: dict[str, list[float]]
