@@ -520,7 +520,16 @@ def eval_(
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
     sample: Annotated[list[str] | None, typer.Option(help="LoCoMo sample_id (repeatable)")] = None,
     adversarial: Annotated[bool, typer.Option(help="LoCoMo: include category 5 (gold: no answer)")] = False,
-    mode: Annotated[list[str] | None, typer.Option(help="memory, flat_rag, no_retrieval (repeatable)")] = None,
+    mode: Annotated[
+        list[str] | None, typer.Option(help="memory, flat_rag, full_context, no_retrieval (repeatable; default all)")
+    ] = None,
+    ablation: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a variant of memory answered in the same run (repeatable): no_enhancement, flat, clues=N, "
+            "no_episodic, episodic, no_decomposition, retriever=NAME, no_batching; comma-joined to combine"
+        ),
+    ] = None,
     retriever: Annotated[list[str] | None, typer.Option(help="retrievers of the LLM-free evaluation")] = None,
     budget: Annotated[int, typer.Option(min=1, help="triplets per retrieval")] = 20,
     llm: Annotated[str | None, typer.Option(help="local, ollama or scripted (default: MEMSTREAM_LLM)")] = None,
@@ -537,6 +546,7 @@ def eval_(
     verbose: Annotated[bool, typer.Option(help="log every call (MEMSTREAM_LOG_LEVEL)")] = False,
 ) -> None:
     """Evaluate memory on a dataset: memorize it, score retrieval and answers, write results and a report."""
+    from evaluation.ablations import parse_all
     from evaluation.run import MODES, EvalConfig, evaluate
 
     settings = _settings()
@@ -553,6 +563,7 @@ def eval_(
         samples=set(sample) if sample else None,
         adversarial=adversarial,
         modes=tuple(mode or MODES),
+        ablations=tuple(ablation or ()),
         budget=budget,
         llm=llm,
         model=model,
@@ -569,6 +580,10 @@ def eval_(
     unknown = set(config.modes) - set(MODES)
     if unknown:
         raise _fail(f"unknown mode(s) {sorted(unknown)}; known: {', '.join(MODES)}")
+    try:
+        parse_all(config.ablations)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
     try:
         outcome = asyncio.run(evaluate(config))
     except (ValueError, FileNotFoundError) as exc:

@@ -41,7 +41,7 @@ def test_eval_locomo_writes_results_and_report_and_a_rerun_calls_no_model(tmp_pa
     summary = json.loads((results / "results.json").read_text())
     assert summary["run"]["model"] == "scripted-rules" and summary["run"]["machine"]
     assert summary["ingest"]["memorized"] == 4 and summary["ingest"]["per_message"]["calls"] > 0
-    assert set(summary["answers"]) == {"memory", "flat_rag", "no_retrieval"}
+    assert set(summary["answers"]) == {"memory", "flat_rag", "full_context", "no_retrieval"}
     assert set(summary["retrieval"]) == {"beamsearch", "flat", "mixture", "raw_flat"}
     memory = summary["answers"]["memory"]["all"]
     assert memory["n"] == 3 and memory["judged"] == 3 and memory["llm_per_question"]["calls"] >= 1
@@ -49,7 +49,7 @@ def test_eval_locomo_writes_results_and_report_and_a_rerun_calls_no_model(tmp_pa
     assert set(summary["retrieval"]["flat"]["by_category"]) == {"single-hop", "temporal"}
     rows = [json.loads(line) for line in (results / "rows.jsonl").read_text().splitlines()]
     answered = [r for r in rows if r["kind"] == "answer"]
-    assert len(answered) == 9 and all(r["judge_reason"] for r in answered)
+    assert len(answered) == 12 and all(r["judge_reason"] for r in answered)
     assert len([r for r in rows if r["kind"] == "retrieval"]) == 3 * 4
 
     report = (results / "report.md").read_text()
