@@ -290,13 +290,12 @@ def _answer_section(folder: Path, answers: dict[str, Any], ablations: dict[str, 
             _table(["mode", *names], [[m, *(st.get(s) for s in names)] for m, st in stages.items()]),
             "",
         ]
-    _plot_bars(
-        folder / "answers.png",
-        "answers",
-        {
-            m: {"F1": v["all"]["f1"], "EM": v["all"]["em"], "judge": v["all"]["judge_accuracy"]}
-            for m, v in answers.items()
-            if v["all"]["n"]
-        },
-    )
+    scored = {
+        m: {"F1": v["all"]["f1"], "EM": v["all"]["em"], "judge": v["all"]["judge_accuracy"]}
+        for m, v in answers.items()
+        if v["all"]["n"]
+    }
+    if not scored:  # every mode skipped: nothing to plot
+        return lines
+    _plot_bars(folder / "answers.png", "answers", scored)
     return [*lines, "![answers](answers.png)", ""]
