@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+import json
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,19 @@ def _recalls(rows: list[Row]) -> dict[str, float | None]:
     return {k: _r(mean(r.get(k) for r in rows)) for k in keys}
 
 
-def _answers(rows: list[Row]) -> dict[str, Any]:
+#: what a skipped row's reason means, for the report
+SKIP_REASONS = {
+    "does_not_fit": "the user's whole raw memory does not fit the model's context window (never sent truncated)",
+    "simple_engine_ignores_options": "the simple QA engine has no plan, clue-queries, traversal or episodic "
+    "switch, so this ablation would change nothing (run it with --engine planning)",
+}
+
+
+def _answers(all_rows: list[Row]) -> dict[str, Any]:
+    rows = [r for r in all_rows if not r.get("skipped")]  # a skipped question has no answer to score
     judged = [r["judge"] for r in rows if r.get("judge") is not None]
     n = len(rows)
+    prompts = [r["prompt_tokens"] for r in all_rows if r.get("prompt_tokens") is not None]
     stage_names = sorted({s for r in rows for s in r.get("stages_ms", {})})
     return {
         "n": n,
@@ -46,9 +57,13 @@ def _answers(rows: list[Row]) -> dict[str, Any]:
         "errors": sum(1 for r in rows if r["status"] == "error"),
         "seconds_per_question": _r(mean(r["seconds"] for r in rows), 2),
         "llm_per_question": {
-            k: _r(mean(r["llm"][k] for r in rows), 2) for k in ("calls", "cached", "tokens_in", "tokens_out", "seconds")
+            k: _r(mean(r["llm"].get(k) for r in rows), 2)
+            for k in ("calls", "cached", "tokens_in", "tokens_out", "tokens_cached", "seconds")
         },
         "stage_ms": {s: _r(mean(r["stages_ms"].get(s) for r in rows), 1) for s in stage_names},
+        "skipped": dict(Counter(r["skipped"] for r in all_rows if r.get("skipped"))),
+        "prompt_tokens": {"min": min(prompts), "max": max(prompts)} if prompts else None,
+        "available_tokens": next((r["available_tokens"] for r in all_rows if "available_tokens" in r), None),
         **_recalls(rows),
     }
 
@@ -128,31 +143,22 @@ def write(folder: Path, results: dict[str, Any]) -> Path:
         "## Memory build",
         "",
     ]
-    ingest = results["ingest"]
-    per = ingest.get("per_message", {})
+    builds = {"memory": results["ingest"]} | {f"memory[{k}]": v for k, v in results.get("ingest_ablations", {}).items()}
+    head = ["memory", "batch", "events", "memorized", "dead letters", "wall s", "LLM calls/msg", "tokens in/msg"]
     lines += [
         _table(
-            [
-                "events",
-                "memorized",
-                "dead letters",
-                "wall s",
-                "LLM calls/msg",
-                "tokens in/msg",
-                "tokens out/msg",
-                "LLM s/msg",
-            ],
+            [*head, "tokens out/msg", "LLM s/msg"],
             [
                 [
+                    name,
+                    ingest.get("batch"),
                     ingest["events"],
                     ingest["memorized"],
                     ingest["dead_letters"],
                     ingest["wall_s"],
-                    per.get("calls"),
-                    per.get("tokens_in"),
-                    per.get("tokens_out"),
-                    per.get("seconds"),
+                    *(ingest.get("per_message", {}).get(k) for k in ("calls", "tokens_in", "tokens_out", "seconds")),
                 ]
+                for name, ingest in builds.items()
             ],
         ),
         "",
@@ -187,54 +193,7 @@ def write(folder: Path, results: dict[str, Any]) -> Path:
             lines += ["![retrieval](retrieval.png)", ""]
     answers = results["answers"]
     if answers:
-        lines += ["## Answers end to end", ""]
-        head = ["mode", "n", "F1", "EM", "judge", "no answer", "errors", "s/question", "LLM calls/q", "tokens/q"]
-        lines += [
-            _table(
-                head,
-                [
-                    [
-                        m,
-                        a["n"],
-                        a["f1"],
-                        a["em"],
-                        a["judge_accuracy"],
-                        a["no_answer_rate"],
-                        a["errors"],
-                        a["seconds_per_question"],
-                        a["llm_per_question"]["calls"],
-                        (a["llm_per_question"]["tokens_in"] or 0) + (a["llm_per_question"]["tokens_out"] or 0),
-                    ]
-                    for m, v in answers.items()
-                    for a in [v["all"]]
-                ],
-            ),
-            "",
-        ]
-        cats = sorted({c for v in answers.values() for c in v["by_category"]})
-        lines += ["Judge accuracy (F1 where not judged) by category:", ""]
-        lines += [
-            _table(["mode", *cats], [[m, *(_best(v["by_category"].get(c)) for c in cats)] for m, v in answers.items()]),
-            "",
-        ]
-        stages = {m: v["all"]["stage_ms"] for m, v in answers.items() if v["all"]["stage_ms"]}
-        if stages:
-            names = sorted({s for st in stages.values() for s in st})
-            lines += [
-                "Stage latencies (mean ms per question):",
-                "",
-                _table(["mode", *names], [[m, *(st.get(s) for s in names)] for m, st in stages.items()]),
-                "",
-            ]
-        _plot_bars(
-            folder / "answers.png",
-            "answers",
-            {
-                m: {"F1": v["all"]["f1"], "EM": v["all"]["em"], "judge": v["all"]["judge_accuracy"]}
-                for m, v in answers.items()
-            },
-        )
-        lines += ["![answers](answers.png)", ""]
+        lines += _answer_section(folder, answers, run.get("ablations", {}))
     retention = results["retention"]
     if retention:
         lines += ["## Retention (MINE: the share of gold facts the judge finds in what memory returns)", ""]
@@ -260,7 +219,83 @@ def write(folder: Path, results: dict[str, Any]) -> Path:
     return path
 
 
-def _best(scores: dict[str, Any] | None) -> float | None:
-    if not scores:
-        return None
-    return scores["judge_accuracy"] if scores["judge_accuracy"] is not None else scores["f1"]
+#: the cost of a mode's question counts its cache hits at what they cost when made: the modes of one run share the
+#: cache, and whichever ran first would otherwise look dear and the others free
+_ANSWER_HEAD = ["F1", "EM", "judge", "no answer", "LLM calls/q", "tokens/q"]
+
+
+def _answer_cells(a: dict[str, Any], recalls: list[str]) -> list[Any]:
+    """One mode's (or one category's) scores: the answer context's recall@k, F1, EM, judge accuracy, the no-answer
+    rate and the cost per question."""
+    llm = a["llm_per_question"]
+    calls = None if llm["calls"] is None else llm["calls"] + (llm["cached"] or 0)
+    tokens = (
+        None if llm["tokens_in"] is None else sum(llm[k] or 0 for k in ("tokens_in", "tokens_out", "tokens_cached"))
+    )
+    cells = [a["f1"], a["em"], a["judge_accuracy"], a["no_answer_rate"], calls, tokens]
+    return [*(a.get(k) for k in recalls), *cells]
+
+
+def _skip_note(mode: str, a: dict[str, Any]) -> list[str]:
+    out = []
+    for reason, count in a["skipped"].items():
+        line = f"- `{mode}`: {count} question(s) skipped, {reason}: {SKIP_REASONS.get(reason, reason)}"
+        if reason == "does_not_fit" and a["prompt_tokens"]:
+            tokens = a["prompt_tokens"]
+            line += (
+                f"; its prompts need about {tokens['min']}–{tokens['max']} tokens (estimate: characters / 3) and "
+                f"{a['available_tokens']} are available (llm_context less the answer's room)"
+            )
+        out.append(line)
+    return out
+
+
+def _answer_section(folder: Path, answers: dict[str, Any], ablations: dict[str, Any]) -> list[str]:
+    """The baselines and every ablation side by side, overall and per category, and which were skipped and why."""
+    recalls = [k for k in _recall_keys(v["all"] for v in answers.values()) if k in ("recall@5", "recall@10")]
+    lines = ["## Answers end to end", ""]
+    if ablations:
+        lines += ["Ablations (variants of `memory`, same run, same LLM cache):", ""]
+        lines += [f"- `{mode}`: {json.dumps(switches)}" for mode, switches in ablations.items()]
+        lines += [""]
+    head = ["mode", "n", "skipped", *recalls, *_ANSWER_HEAD, "errors", "s/question"]
+    rows = [
+        [m, a["n"], sum(a["skipped"].values()), *_answer_cells(a, recalls), a["errors"], a["seconds_per_question"]]
+        for m, v in answers.items()
+        for a in [v["all"]]
+    ]
+    lines += [_table(head, rows), ""]
+    lines += ["Recall is of the answer's own context (none for the modes that retrieve nothing).", ""]
+    notes = [line for m, v in answers.items() for line in _skip_note(m, v["all"])]
+    lines += ["Skipped (recorded in rows.jsonl, never scored):", "", *notes, ""] if notes else ["Skipped: none.", ""]
+    lines += ["By category:", ""]
+    lines += [
+        _table(
+            ["mode", "category", "n", *recalls, *_ANSWER_HEAD],
+            [
+                [m, c, a["n"], *_answer_cells(a, recalls)]
+                for m, v in answers.items()
+                for c, a in v["by_category"].items()
+                if a["n"]
+            ],
+        ),
+        "",
+    ]
+    stages = {m: v["all"]["stage_ms"] for m, v in answers.items() if v["all"]["stage_ms"]}
+    if stages:
+        names = sorted({s for st in stages.values() for s in st})
+        lines += [
+            "Stage latencies (mean ms per question):",
+            "",
+            _table(["mode", *names], [[m, *(st.get(s) for s in names)] for m, st in stages.items()]),
+            "",
+        ]
+    scored = {
+        m: {"F1": v["all"]["f1"], "EM": v["all"]["em"], "judge": v["all"]["judge_accuracy"]}
+        for m, v in answers.items()
+        if v["all"]["n"]
+    }
+    if not scored:  # every mode skipped: nothing to plot
+        return lines
+    _plot_bars(folder / "answers.png", "answers", scored)
+    return [*lines, "![answers](answers.png)", ""]

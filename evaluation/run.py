@@ -4,7 +4,8 @@ every question) and end-to-end answers (a seeded sample), for memstream and the 
 Everything lands under ``--results`` (default ``eval-results/DATASET``): the memory (``memory.sqlite3``, events
 already applied are skipped), the raw-text index of the flat-RAG baseline, the LLM cache (a rerun or an ablation
 re-extracts nothing), ``rows.jsonl`` (one line per scored question and mode, written as it is scored and skipped on
-rerun), ``results.json`` and ``report.md`` with its plots.
+rerun), ``results.json`` and ``report.md`` with its plots. An ablation that memorizes otherwise (``no_batching``)
+has its own memory beside it (``memory-batch1.sqlite3``, with ``ingest-batch1.json``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import platform
 import random
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -24,10 +26,11 @@ from typing import Any
 from tqdm import tqdm
 
 from evaluation import datasets, metrics, report
-from evaluation.baselines import NoRetrieval, index_raw
+from evaluation.ablations import Ablation, parse_all
+from evaluation.baselines import FullContext, NoRetrieval, index_raw
 from evaluation.datasets import Dataset, EvalQuestion
 from evaluation.judge import AnswerJudgeInput, AnswerJudgeTask, RetentionInput, RetentionTask
-from schemas.events import Answer, AnswerStatus, Query, StageEvent
+from schemas.events import Answer, AnswerStatus, Query, QueryOptions, StageEvent
 from services.adapters.sqlite import SqliteMemoryStore
 from services.container import build_engine
 from services.llm.factory import build_embedder, build_llm
@@ -47,8 +50,12 @@ from services.settings import Settings
 
 log = get_logger(__name__)
 
-MODES = ("memory", "flat_rag", "no_retrieval")
+MODES = ("memory", "flat_rag", "full_context", "no_retrieval")
+#: modes that retrieve nothing: their answers' context is not scored for recall
+NO_CONTEXT = ("full_context", "no_retrieval")
 KS = (1, 5, 10, 20)
+#: what a query id may not hold (an ablation's mode has brackets and commas): replaced by "_"
+_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@/+=-]")
 #: the LLM-free retrieval rows of the flat-RAG baseline's index
 RAW = "raw_flat"
 
@@ -66,6 +73,7 @@ class EvalConfig:
     sessions: int | None = None  # LoCoMo: the first N sessions of each conversation
     adversarial: bool = False
     modes: tuple[str, ...] = MODES
+    ablations: tuple[str, ...] = ()  # variants of the memory mode (evaluation.ablations), answered beside it
     retrievers: tuple[str, ...] = ("beamsearch", "flat", "mixture")
     budget: int = 20
     llm: str | None = None  # None: the settings' (MEMSTREAM_LLM)
@@ -123,18 +131,54 @@ class Rows:
 
 
 def _fresh(before: Usage, after: Usage) -> dict[str, float]:
-    """Model work between two snapshots: calls that reached the model, cache hits, tokens and seconds."""
+    """Model work between two snapshots: calls that reached the model, cache hits, tokens and seconds; and the
+    tokens the cache hits had cost."""
     return {
         "calls": (after.calls - after.cached) - (before.calls - before.cached),
         "cached": after.cached - before.cached,
         "tokens_in": after.tokens_in - before.tokens_in,
         "tokens_out": after.tokens_out - before.tokens_out,
+        "tokens_cached": after.tokens_cached - before.tokens_cached,
         "seconds": round(after.seconds - before.seconds, 3),
     }
 
 
 def _snapshot(llm: MeteredLLM) -> Usage:
     return replace(llm.usage)
+
+
+@dataclass
+class Memory:
+    """A memory built by memorize (the run's, or an ablation's own at another batch size) with what the harness
+    reads of it: its matcher, retrievers and each question's gold ids (thesis ids differ between memories)."""
+
+    store: SqliteMemoryStore
+    batch: int
+    settings: Settings
+    label: str = ""  # "" for the run's memory, "batch=N" for another; tags its retrieval modes
+    retrievers: dict[str, Retriever] = field(default_factory=dict)
+    gold: dict[str, list[frozenset[str]]] = field(default_factory=dict)
+
+    @staticmethod
+    def files(results: Path, batch: int | None) -> tuple[Path, Path]:
+        """Its store and its ingest cost record: the run's (``batch`` None), or ``memory-batchN.sqlite3``."""
+        suffix = "" if batch is None else f"-batch{batch}"
+        return results / f"memory{suffix}.sqlite3", results / f"ingest{suffix}.json"
+
+    def mode(self, base: str) -> str:
+        return f"{base}[{self.label}]" if self.label else base
+
+
+@dataclass
+class Arm:
+    """How one answer mode answers: its engine, the store its evidence is read from, and its per-query options."""
+
+    engine: QAEngine
+    store: SqliteMemoryStore
+    memory: Memory
+    options: QueryOptions = field(default_factory=QueryOptions)
+    #: why it is not run on this engine (a query option the simple QA has no use for); None: it runs
+    skip: str | None = None
 
 
 class Harness:
@@ -146,7 +190,7 @@ class Harness:
         llm: MeteredLLM,
         judge: MeteredLLM,
         embedder: Embedder,
-        memory: SqliteMemoryStore,
+        memories: list[Memory],
         raw: SqliteMemoryStore,
     ) -> None:
         self.config = config
@@ -155,24 +199,35 @@ class Harness:
         self.llm = llm
         self.judge = judge
         self.embedder = embedder
-        self.memory = memory
+        self.memories = memories
+        self.memory = memories[0]
         self.raw = raw
+        self.ablations: list[Ablation] = parse_all(config.ablations)
         self.rows = Rows(config.results / "rows.jsonl")
         self.texts = {e.event_id: e.text for e in dataset.events}
-        self.matcher = EntityMatcher(memory, memory, embedder)
+        self.matchers = {m.label: EntityMatcher(m.store, m.store, embedder) for m in memories}
         self.run_usage: dict[str, dict[str, float]] = {}
-        self._gold_ids: dict[str, list[frozenset[str]]] = {}
-        self._retrievers: dict[str, Retriever] = {}
 
     def _bar(self, items: Iterable[Any], what: str, total: int | None = None) -> Iterable[Any]:
         return tqdm(items, desc=what, total=total, disable=not self.config.progress, unit="q")
 
     async def memorize(self) -> dict[str, Any]:
-        """Memorize every event not applied yet, ``batch`` at a time per user; the costs of this run's work."""
-        service = MemorizeService(self.memory, self.llm, self.embedder, self.settings)
+        """Memorize every event not applied yet into each memory, and index the raw texts; the run's memory's
+        build cost over all runs (the others' are in ``self.ingests``)."""
+        # the raw index calls no model: indexed first, it adds nothing to the memories' costs
+        raw = await index_raw(self.raw, self.embedder, self.dataset.events, self.settings.document_chunk_chars)
+        self.ingests: dict[str, dict[str, Any]] = {}
+        for memory in self.memories:
+            self.ingests[memory.label] = await self._memorize(memory, {} if memory.label else {"raw_indexed": raw})
+        return self.ingests[""]
+
+    async def _memorize(self, memory: Memory, extra: dict[str, Any]) -> dict[str, Any]:
+        """``memory.batch`` events at a time per user, into ``memory``; its build cost over all runs."""
+        service = MemorizeService(memory.store, self.llm, self.embedder, memory.settings)
         before, started = _snapshot(self.llm), time.perf_counter()
         events = self.dataset.events
-        bar = tqdm(total=len(events), desc="memorize", unit="event", disable=not self.config.progress)
+        what = memory.mode("memorize")
+        bar = tqdm(total=len(events), desc=what, unit="event", disable=not self.config.progress)
         memorized = skipped = 0
         dead: list[dict[str, str]] = []
         by_user: dict[str, list[datasets.MemoryEvent]] = {}
@@ -181,8 +236,8 @@ class Harness:
 
         async def one_user(user_events: list[datasets.MemoryEvent]) -> None:
             nonlocal memorized, skipped
-            for start in range(0, len(user_events), self.config.batch):
-                chunk = user_events[start : start + self.config.batch]
+            for start in range(0, len(user_events), memory.batch):
+                chunk = user_events[start : start + memory.batch]
                 outcome = await service.memorize(chunk)
                 skipped += len(outcome.skipped)
                 memorized += len(chunk) - len(outcome.skipped)
@@ -194,49 +249,56 @@ class Harness:
         # users are independent (as partitions are in the worker): their batches share the model's decoding slots
         await asyncio.gather(*(one_user(user_events) for user_events in by_user.values()))
         bar.close()
-        raw_written = await index_raw(self.raw, self.embedder, events, self.settings.document_chunk_chars)
         usage = _fresh(before, _snapshot(self.llm))
         this_run = {
             "events": len(events),
+            "batch": memory.batch,
             "memorized": memorized,
             "skipped": skipped,
             "dead_letters": dead,
-            "raw_indexed": raw_written,
             "wall_s": round(time.perf_counter() - started, 2),
             "llm": usage,
+            **extra,
         }
-        self.run_usage["memorize"] = usage
-        return _ingest_log(self.config.results / "ingest.json", this_run)
+        self.run_usage[what] = usage
+        _, ingest = Memory.files(self.config.results, memory.batch if memory.label else None)
+        return _ingest_log(ingest, this_run)
 
-    async def _gold(self, q: EvalQuestion) -> list[frozenset[str]]:
+    async def _gold(self, q: EvalQuestion, memory: Memory) -> list[frozenset[str]]:
         """The memory ids of each gold evidence event (asked of the store once per question)."""
-        if q.id not in self._gold_ids:
+        if q.id not in memory.gold:
             texts = {e: self.texts.get(e, "") for e in q.evidence}
-            found = await metrics.derived_ids(self.memory, q.user_id, texts, self.settings.document_chunk_chars)
-            self._gold_ids[q.id] = [found[e] for e in q.evidence]
-        return self._gold_ids[q.id]
+            found = await metrics.derived_ids(memory.store, q.user_id, texts, self.settings.document_chunk_chars)
+            memory.gold[q.id] = [found[e] for e in q.evidence]
+        return memory.gold[q.id]
 
-    async def _seeds(self, q: EvalQuestion) -> list[str]:
+    async def _seeds(self, q: EvalQuestion, memory: Memory) -> list[str]:
         """Object vertices the question names, by the system's own matcher (exact names, fused search); when it
         names none (or none is known), the objects the fused search finds for the whole question."""
         for entities in (sorted(names_in(q.text)), [q.text]):
-            matches = await self.matcher.match(q.user_id, entities)
+            matches = await self.matchers[memory.label].match(q.user_id, entities)
             seeds = list(dict.fromkeys(m.vertex.id for ms in matches.values() for m in ms))
             if seeds:
                 return seeds
         return []
 
-    async def _context(self, retriever: str, q: EvalQuestion, vector: list[float]) -> list[metrics.ContextItem]:
+    async def _context(
+        self, retriever: str, q: EvalQuestion, vector: list[float], memory: Memory
+    ) -> list[metrics.ContextItem]:
         if retriever == RAW:
             hits = await self.raw.search(q.user_id, ["episodic"], vector, q.text, k=max(KS))
             found = await self.raw.get_vertices(q.user_id, [h.id for h in hits])
             return [metrics.ContextItem(frozenset({h.id}), found[h.id].text) for h in hits if h.id in found]
         request = RetrievalRequest(
-            user_id=q.user_id, query=q.text, query_vector=vector, seeds=await self._seeds(q), budget=self.config.budget
+            user_id=q.user_id,
+            query=q.text,
+            query_vector=vector,
+            seeds=await self._seeds(q, memory),
+            budget=self.config.budget,
         )
-        if retriever not in self._retrievers:
-            self._retrievers[retriever] = get_retriever(retriever, self.memory, self.memory, self.embedder)
-        return metrics.triplet_items(await self._retrievers[retriever].retrieve(request))
+        if retriever not in memory.retrievers:
+            memory.retrievers[retriever] = get_retriever(retriever, memory.store, memory.store, self.embedder)
+        return metrics.triplet_items(await memory.retrievers[retriever].retrieve(request))
 
     def _recall(self, gold: list[frozenset[str]], q: EvalQuestion, items: list[metrics.ContextItem]) -> dict[str, Any]:
         out: dict[str, Any] = {f"recall@{k}": metrics.recall_at(gold, items, k) for k in KS}
@@ -245,30 +307,59 @@ class Harness:
         return out
 
     async def retrieval(self) -> None:
-        """LLM-free: every question, every retriever (and the raw index), recall@k of the context."""
-        retrievers = [*self.config.retrievers, *([RAW] if "flat_rag" in self.config.modes else [])]
-        todo = [(r, q) for q in self.dataset.questions for r in retrievers if f"retrieval:{r}:{q.id}" not in self.rows]
-        for retriever, q in self._bar(todo, "retrieval"):
+        """LLM-free: every question, every retriever over every memory (and the raw index), recall@k."""
+        runs = [(r, m) for m in self.memories for r in self.config.retrievers]
+        if "flat_rag" in self.config.modes:
+            runs.append((RAW, self.memory))
+        todo = [
+            (r, m, q) for q in self.dataset.questions for r, m in runs if self._retrieval_key(r, m, q) not in self.rows
+        ]
+        for retriever, memory, q in self._bar(todo, "retrieval"):
             started = time.perf_counter()
             vector = (await self.embedder.embed([q.text]))[0]
-            items = await self._context(retriever, q, vector)
+            items = await self._context(retriever, q, vector, memory)
             row = {
-                "key": f"retrieval:{retriever}:{q.id}",
+                "key": self._retrieval_key(retriever, memory, q),
                 "kind": "retrieval",
-                "mode": retriever,
+                "mode": memory.mode(retriever),
                 "id": q.id,
                 "category": q.category,
                 "items": len(items),
                 "ms": round((time.perf_counter() - started) * 1000, 1),
-                **self._recall(await self._gold(q), q, items),
+                **self._recall(await self._gold(q, memory), q, items),
             }
             self.rows.add(row)
 
-    def _engines(self) -> dict[str, QAEngine]:
-        engines: dict[str, QAEngine] = {"memory": build_engine(self.settings, self.memory, self.embedder, self.llm)}
-        engines["flat_rag"] = SimpleQA(self.raw, self.embedder, self.llm, top_k=self.settings.qa_top_k)
-        engines["no_retrieval"] = NoRetrieval(self.llm)
-        return {m: engines[m] for m in self.config.modes}
+    @staticmethod
+    def _retrieval_key(retriever: str, memory: Memory, q: EvalQuestion) -> str:
+        return f"retrieval:{memory.mode(retriever)}:{q.id}"
+
+    def _arms(self) -> dict[str, Arm]:
+        """Each answer mode of the run: the baselines, ``memory`` and its ablations. One engine per memory, built
+        by the system's one builder; an ablation's switches travel as the query's options, as ``memstream ask``
+        sends them."""
+        engines = {m.label: build_engine(m.settings, m.store, self.embedder, self.llm) for m in self.memories}
+        arms: dict[str, Arm] = {}
+        if "memory" in self.config.modes:
+            arms["memory"] = Arm(engines[""], self.memory.store, self.memory)
+        if "flat_rag" in self.config.modes:
+            flat_rag = SimpleQA(self.raw, self.embedder, self.llm, top_k=self.settings.qa_top_k)
+            arms["flat_rag"] = Arm(flat_rag, self.raw, self.memory)
+        if "full_context" in self.config.modes:
+            full = FullContext(self.llm, self.dataset.events, self.settings.llm_context)
+            arms["full_context"] = Arm(full, self.memory.store, self.memory)
+        if "no_retrieval" in self.config.modes:
+            arms["no_retrieval"] = Arm(NoRetrieval(self.llm), self.memory.store, self.memory)
+        by_batch = {m.batch: m for m in self.memories}
+        for ablation in self.ablations:
+            memory = by_batch[ablation.batch or self.config.batch]
+            skip = None
+            if ablation.options != QueryOptions() and self.settings.qa_engine == "simple":
+                # the simple QA has no plan, clue-queries, traversal or episodic switch: its rows would be the
+                # memory mode's again, reported as an ablation that changed nothing
+                skip = "simple_engine_ignores_options"
+            arms[ablation.mode] = Arm(engines[memory.label], memory.store, memory, ablation.options, skip)
+        return arms
 
     def sample(self) -> list[EvalQuestion]:
         questions = self.dataset.questions
@@ -290,28 +381,36 @@ class Harness:
             for e in answer.evidence
         ]
 
+    @staticmethod
+    def _skipped(arm: Arm, query: Query) -> dict[str, Any] | None:
+        """Why this mode does not answer this question (recorded in its row, never scored), or None."""
+        if arm.skip:
+            return {"skipped": arm.skip}
+        if isinstance(arm.engine, FullContext) and not arm.engine.fits(query):
+            tokens = arm.engine.prompt_tokens(query)
+            return {"skipped": "does_not_fit", "prompt_tokens": tokens, "available_tokens": arm.engine.available}
+        return None
+
     async def answers(self) -> None:
         """End to end on the sample: each mode answers, is scored, and (unless off) judged with its reason."""
-        engines = self._engines()
+        arms = self._arms()
         before = _snapshot(self.llm)
-        todo = [(m, q) for q in self.sample() for m in engines if f"answer:{m}:{q.id}" not in self.rows]
+        todo = [(m, q) for q in self.sample() for m in arms if f"answer:{m}:{q.id}" not in self.rows]
         for mode, q in self._bar(todo, "answers"):
+            arm = arms[mode]
             stages: dict[str, float] = {}
 
             async def emit(event: StageEvent, stages: dict[str, float] = stages) -> None:
                 stages[event.stage_name] = round(stages.get(event.stage_name, 0.0) + event.duration_ms, 1)
 
             query = Query(
-                event_id=f"eval:{mode}:{q.id}"[:200], user_id=q.user_id, event_time=datetime.now(UTC), question=q.text
+                event_id=_ID_UNSAFE.sub("_", f"eval:{mode}:{q.id}")[:200],
+                user_id=q.user_id,
+                event_time=datetime.now(UTC),
+                question=q.text,
+                options=arm.options,
             )
-            start_usage, started = _snapshot(self.llm), time.perf_counter()
-            answer = await QAService(engines[mode]).answer(query, emit)
-            seconds = time.perf_counter() - started
-            usage = _fresh(start_usage, _snapshot(self.llm))
-            store = self.raw if mode == "flat_rag" else self.memory
-            items = await self._evidence_items(q, answer, store)
-            no_answer = answer.status is AnswerStatus.NO_ANSWER or is_no_info(answer.answer)
-            row = {
+            head = {
                 "key": f"answer:{mode}:{q.id}",
                 "kind": "answer",
                 "mode": mode,
@@ -319,6 +418,17 @@ class Harness:
                 "category": q.category,
                 "question": q.text,
                 "gold": q.answers,
+            }
+            skipped = self._skipped(arm, query)
+            if skipped:
+                self.rows.add(head | skipped)
+                continue
+            start_usage, started = _snapshot(self.llm), time.perf_counter()
+            answer = await QAService(arm.engine).answer(query, emit)
+            seconds = time.perf_counter() - started
+            usage = _fresh(start_usage, _snapshot(self.llm))
+            no_answer = answer.status is AnswerStatus.NO_ANSWER or is_no_info(answer.answer)
+            row = head | {
                 "answer": answer.answer,
                 "status": answer.status.value,
                 "error": answer.error,
@@ -328,9 +438,13 @@ class Harness:
                 "seconds": round(seconds, 3),
                 "llm": usage,
                 "stages_ms": stages,
-                "context": [i.text for i in items][:40],
-                **self._recall(await self._gold(q), q, items),
             }
+            if isinstance(arm.engine, FullContext):
+                row["prompt_tokens"] = arm.engine.prompt_tokens(query)
+            if mode not in NO_CONTEXT:
+                items = await self._evidence_items(q, answer, arm.store)
+                row["context"] = [i.text for i in items][:40]
+                row |= self._recall(await self._gold(q, arm.memory), q, items)
             if self.config.judge:
                 row |= await self._judge(q, AnswerJudgeTask(), AnswerJudgeInput(q.text, q.answers, answer.answer))
             self.rows.add(row)
@@ -354,7 +468,7 @@ class Harness:
         todo = [q for q in self.sample_retention() if f"retention:{retriever}:{q.id}" not in self.rows]
         for q in self._bar(todo, "retention"):
             vector = (await self.embedder.embed([q.text]))[0]
-            items = await self._context(retriever, q, vector)
+            items = await self._context(retriever, q, vector, self.memory)
             row = {
                 "key": f"retention:{retriever}:{q.id}",
                 "kind": "retention",
@@ -376,10 +490,12 @@ def _ingest_log(path: Path, this_run: dict[str, Any]) -> dict[str, Any]:
     """The memory's build cost over all runs (a rerun memorizes nothing and must not erase what the build cost)."""
     runs = json.loads(path.read_text())["runs"] if path.exists() else []
     runs.append(this_run)
-    total = {key: sum(r["llm"][key] for r in runs) for key in this_run["llm"]}
+    # .get: runs recorded before a key was added count it as 0
+    total = {key: sum(r["llm"].get(key, 0) for r in runs) for key in this_run["llm"]}
     memorized = sum(r["memorized"] for r in runs)
     summary = {
         "events": this_run["events"],
+        "batch": this_run["batch"],
         "memorized": memorized,
         "wall_s": round(sum(r["wall_s"] for r in runs), 2),
         "dead_letters": sum(len(r["dead_letters"]) for r in runs),
@@ -398,6 +514,7 @@ def _machine() -> str:
 
 async def evaluate(config: EvalConfig) -> dict[str, Any]:
     """Run (or resume) the evaluation; writes results.json and report.md, returns the results."""
+    variants = parse_all(config.ablations)  # a misspelt ablation fails before anything is memorized
     config.results.mkdir(parents=True, exist_ok=True)
     dataset = datasets.load(
         config.dataset,
@@ -412,7 +529,16 @@ async def evaluate(config: EvalConfig) -> dict[str, Any]:
     )
     settings = _settings(config)
     embedder = build_embedder(settings)
-    memory = await SqliteMemoryStore.open(config.results / "memory.sqlite3", dim=embedder.dim)
+    memories = [
+        Memory(
+            await SqliteMemoryStore.open(config.results / "memory.sqlite3", dim=embedder.dim), config.batch, settings
+        )
+    ]
+    # MINE scores retention of the run's memory only: no ablation's memory is built for it
+    for batch in sorted({a.batch for a in variants if a.batch and a.batch != config.batch and not dataset.retention}):
+        store = await SqliteMemoryStore.open(Memory.files(config.results, batch)[0], dim=embedder.dim)
+        memory_settings = settings.model_copy(update={"batch_max_messages": batch})
+        memories.append(Memory(store, batch, memory_settings, label=f"batch={batch}"))
     raw = await SqliteMemoryStore.open(config.results / "raw.sqlite3", dim=embedder.dim)
     cache = await SqliteMemoryStore.open(config.cache or config.results / "llm-cache.sqlite3", dim=embedder.dim)
     inner = None
@@ -424,7 +550,7 @@ async def evaluate(config: EvalConfig) -> dict[str, Any]:
     judge = llm
     if config.judge_model and config.judge_model != llm.model:
         judge = build_llm(settings.model_copy(update={"llm_model": config.judge_model}), cache=cache)
-    harness = Harness(config, dataset, settings, llm, judge, embedder, memory, raw)
+    harness = Harness(config, dataset, settings, llm, judge, embedder, memories, raw)
     try:
         ingest = await harness.memorize()
         if dataset.retention:
@@ -442,6 +568,10 @@ async def evaluate(config: EvalConfig) -> dict[str, Any]:
             "answered_sample": len(harness.sample()) if config.answers and not dataset.retention else 0,
             "seed": config.seed,
             "modes": list(config.modes),
+            "ablations": {
+                a.mode: a.options.model_dump(exclude_none=True) | ({"batch": a.batch} if a.batch else {})
+                for a in variants
+            },
             "retrievers": list(config.retrievers),
             "budget": config.budget,
             "llm": settings.llm,
@@ -455,6 +585,11 @@ async def evaluate(config: EvalConfig) -> dict[str, Any]:
             "this_run_judge": _fresh(Usage(), judge.usage) if judge is not llm else None,
         }
         results["ingest"] = {k: v for k, v in ingest.items() if k != "runs"}
+        results["ingest_ablations"] = {
+            label: {k: v for k, v in summary.items() if k != "runs"}
+            for label, summary in harness.ingests.items()
+            if label
+        }
         (config.results / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
         report.write(config.results, results)
         return results
@@ -462,7 +597,8 @@ async def evaluate(config: EvalConfig) -> dict[str, Any]:
         await llm.close()
         if judge is not llm:
             await judge.close()
-        await memory.close()
+        for memory in memories:
+            await memory.store.close()
         await raw.close()
         await cache.close()
         await embedder.close()

@@ -523,7 +523,16 @@ def eval_(
         int | None, typer.Option(min=1, help="LoCoMo: the first N sessions and the questions they answer")
     ] = None,
     adversarial: Annotated[bool, typer.Option(help="LoCoMo: include category 5 (gold: no answer)")] = False,
-    mode: Annotated[list[str] | None, typer.Option(help="memory, flat_rag, no_retrieval (repeatable)")] = None,
+    mode: Annotated[
+        list[str] | None, typer.Option(help="memory, flat_rag, full_context, no_retrieval (repeatable; default all)")
+    ] = None,
+    ablation: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a variant of memory answered in the same run (repeatable): no_enhancement, flat, clues=N, "
+            "no_episodic, episodic, no_decomposition, retriever=NAME, no_batching; comma-joined to combine"
+        ),
+    ] = None,
     retriever: Annotated[list[str] | None, typer.Option(help="retrievers of the LLM-free evaluation")] = None,
     budget: Annotated[int, typer.Option(min=1, help="triplets per retrieval")] = 20,
     llm: Annotated[str | None, typer.Option(help="local, ollama or scripted (default: MEMSTREAM_LLM)")] = None,
@@ -540,6 +549,7 @@ def eval_(
     verbose: Annotated[bool, typer.Option(help="log every call (MEMSTREAM_LOG_LEVEL)")] = False,
 ) -> None:
     """Evaluate memory on a dataset: memorize it, score retrieval and answers, write results and a report."""
+    from evaluation.ablations import parse_all
     from evaluation.run import MODES, EvalConfig, evaluate
 
     settings = _settings()
@@ -557,6 +567,7 @@ def eval_(
         sessions=sessions,
         adversarial=adversarial,
         modes=tuple(mode or MODES),
+        ablations=tuple(ablation or ()),
         budget=budget,
         llm=llm,
         model=model,
@@ -573,6 +584,10 @@ def eval_(
     unknown = set(config.modes) - set(MODES)
     if unknown:
         raise _fail(f"unknown mode(s) {sorted(unknown)}; known: {', '.join(MODES)}")
+    try:
+        parse_all(config.ablations)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
     try:
         outcome = asyncio.run(evaluate(config))
     except (ValueError, FileNotFoundError) as exc:

@@ -5,6 +5,7 @@ The scripted LLM's scores test the harness only; nothing here asserts a quality 
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from evaluation import datasets
+from evaluation.ablations import parse
+from evaluation.baselines import FullContext
 from evaluation.run import EvalConfig, evaluate
 from memstream.cli import app
+from schemas.events import Answer, Query, QueryOptions
+from services.llm.scripted import ScriptedLLM
+from services.qa.simple import AnswerInput, AnswerTask, SimpleQA
+from services.settings import Settings
 from tests.test_eval_datasets import TINY_LOCOMO, write
 
 
@@ -41,7 +49,7 @@ def test_eval_locomo_writes_results_and_report_and_a_rerun_calls_no_model(tmp_pa
     summary = json.loads((results / "results.json").read_text())
     assert summary["run"]["model"] == "scripted-rules" and summary["run"]["machine"]
     assert summary["ingest"]["memorized"] == 4 and summary["ingest"]["per_message"]["calls"] > 0
-    assert set(summary["answers"]) == {"memory", "flat_rag", "no_retrieval"}
+    assert set(summary["answers"]) == {"memory", "flat_rag", "full_context", "no_retrieval"}
     assert set(summary["retrieval"]) == {"beamsearch", "flat", "mixture", "raw_flat"}
     memory = summary["answers"]["memory"]["all"]
     assert memory["n"] == 3 and memory["judged"] == 3 and memory["llm_per_question"]["calls"] >= 1
@@ -49,7 +57,7 @@ def test_eval_locomo_writes_results_and_report_and_a_rerun_calls_no_model(tmp_pa
     assert set(summary["retrieval"]["flat"]["by_category"]) == {"single-hop", "temporal"}
     rows = [json.loads(line) for line in (results / "rows.jsonl").read_text().splitlines()]
     answered = [r for r in rows if r["kind"] == "answer"]
-    assert len(answered) == 9 and all(r["judge_reason"] for r in answered)
+    assert len(answered) == 12 and all(r["judge_reason"] for r in answered)
     assert len([r for r in rows if r["kind"] == "retrieval"]) == 3 * 4
 
     report = (results / "report.md").read_text()
@@ -108,3 +116,144 @@ async def test_mine_retention_judges_each_fact_against_what_memory_returns(tmp_p
     assert all(r["judge_reason"] and r["context"] for r in rows)
     assert results["retention"]["beamsearch"]["all"] == {"n": 2, "retained": 0.5, "judged": 2}
     assert (tmp_path / "r" / "retention.png").exists()
+
+
+def _rows(results: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (results / "rows.jsonl").read_text().splitlines()]
+
+
+def test_ablations_and_full_context_are_modes_of_one_run(tmp_path: Path) -> None:
+    data = write(tmp_path, "tiny.json", TINY_LOCOMO)
+    results = tmp_path / "results"
+    args = ["locomo", "--data", str(data), "--llm", "scripted", "--results", str(results)]
+    args += ["--mode", "memory", "--mode", "full_context", "--ablation", "no_batching", "--ablation", "clues=2"]
+    run_cli(*args)
+
+    answered = [r for r in _rows(results) if r["kind"] == "answer"]
+    by_mode = {m: [r for r in answered if r["mode"] == m] for m in {r["mode"] for r in answered}}
+    assert set(by_mode) == {"memory", "full_context", "memory[no_batching]", "memory[clues=2]"}
+    assert all(len(rows) == 3 for rows in by_mode.values())
+    # the batch-1 memory is scored like memory: F1, judge, recall of its own context
+    assert all("f1" in r and r["judge_reason"] and "recall@10" in r for r in by_mode["memory[no_batching]"])
+    # the scripted run's engine is the simple QA, which has no clue-queries: stated, never scored as a result
+    assert {r.get("skipped") for r in by_mode["memory[clues=2]"]} == {"simple_engine_ignores_options"}
+    assert all("f1" not in r for r in by_mode["memory[clues=2]"])
+    assert all(not r.get("skipped") and r["prompt_tokens"] > 0 for r in by_mode["full_context"])
+
+    # batching off has its own memory and cost record: one extraction call per message, against one per batch
+    assert (results / "memory-batch1.sqlite3").exists()
+    batched = json.loads((results / "ingest.json").read_text())["per_message"]["calls"]
+    single = json.loads((results / "ingest-batch1.json").read_text())["per_message"]["calls"]
+    assert batched < 1.0 <= single
+    summary = json.loads((results / "results.json").read_text())
+    assert summary["ingest_ablations"]["batch=1"]["batch"] == 1 and summary["ingest"]["batch"] == 8
+    assert {"beamsearch", "beamsearch[batch=1]"} <= set(summary["retrieval"])
+    assert summary["answers"]["memory[clues=2]"]["all"]["skipped"] == {"simple_engine_ignores_options": 3}
+    assert summary["run"]["ablations"] == {
+        "memory[no_batching]": {"batch": 1},
+        "memory[clues=2]": {"max_clue_queries": 2},
+    }
+
+    report = (results / "report.md").read_text()
+    for mode in by_mode:
+        assert f"| {mode} |" in report
+    assert "| memory[batch=1] | 1 |" in report  # the build table
+    assert "`memory[clues=2]`: 3 question(s) skipped, simple_engine_ignores_options" in report
+
+    assert run_cli(*args)["calls"] == 0  # resumed: both memories built, every row there
+
+
+async def test_ablation_switches_reach_the_one_engine_as_query_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the planning engine the options ride on each query; the engine is built once per memory."""
+    import evaluation.run as run
+
+    seen: dict[str, QueryOptions] = {}
+    built: list[str] = []
+
+    def spy_engine(settings: Settings, store: Any, embedder: Any, llm: Any) -> Any:
+        built.append(settings.qa_engine)
+        simple = SimpleQA(store, embedder, llm)
+
+        class Spy:
+            async def answer(self, query: Query, emit: Any = None) -> Answer:
+                seen[query.event_id.split(":")[1]] = query.options
+                return await simple.answer(query, emit)
+
+        return Spy()
+
+    monkeypatch.setattr(run, "build_engine", spy_engine)
+    config = EvalConfig(
+        dataset="locomo",
+        results=tmp_path / "r",
+        data=write(tmp_path, "tiny.json", TINY_LOCOMO),
+        llm="scripted",
+        engine="planning",
+        modes=("memory",),
+        ablations=("no_enhancement", "flat,no_episodic", "clues=2"),
+        questions=1,
+        judge=False,
+        progress=False,
+    )
+    results = await evaluate(config)
+    assert built == ["planning"]
+    assert seen == {
+        "memory": QueryOptions(),
+        "memory_no_enhancement_": QueryOptions(plan_enhancement=False),
+        "memory_flat_no_episodic_": QueryOptions(retriever="flat", episodic_context=False),
+        "memory_clues=2_": QueryOptions(max_clue_queries=2),
+    }
+    assert all(results["answers"][m]["all"]["n"] == 1 for m in ("memory[no_enhancement]", "memory[clues=2]"))
+
+
+def test_full_context_sends_every_turn_with_speaker_and_date_when_it_fits(tmp_path: Path) -> None:
+    events = datasets.load("locomo", tmp_path, write(tmp_path, "tiny.json", TINY_LOCOMO)).events
+    full = FullContext(ScriptedLLM(), events, context_tokens=8192)
+    query = Query(event_id="q", user_id=events[0].user_id, event_time=events[0].event_time, question="Where?")
+    lines = [v.context for v in full.memory(query)]
+    assert lines[0] == "[2023-05-08] Alice: I adopted a dog named Rex at the Portland shelter."
+    assert len(lines) == 4 and full.fits(query)
+    text = sum(len(m.content) for m in full.task.messages(AnswerInput("Where?", full.memory(query))))
+    assert full.prompt_tokens(query) >= text / 3  # the estimate over-counts, never under
+    assert not FullContext(ScriptedLLM(), events, context_tokens=full.prompt_tokens(query)).fits(query)
+
+
+async def test_full_context_that_does_not_fit_is_skipped_with_its_token_estimate(tmp_path: Path) -> None:
+    long = copy.deepcopy(TINY_LOCOMO)
+    turn = "I talked at length about the garden, the weather and the neighbours' new fence. " * 12
+    long[0]["conversation"]["session_2"] += [
+        {"speaker": "Bob", "dia_id": f"D2:{n}", "text": f"{n}: {turn}"} for n in range(3, 33)
+    ]
+    config = EvalConfig(
+        dataset="locomo",
+        results=tmp_path / "r",
+        data=write(tmp_path, "long.json", long),
+        llm="scripted",
+        modes=("full_context",),
+        retrievers=("flat",),
+        progress=False,
+    )
+    results = await evaluate(config)
+    rows = [r for r in _rows(tmp_path / "r") if r["kind"] == "answer"]
+    assert len(rows) == 3 and {r["skipped"] for r in rows} == {"does_not_fit"}
+    assert all(r["prompt_tokens"] > r["available_tokens"] == 8192 - AnswerTask.max_tokens for r in rows)
+    assert results["run"]["this_run_llm"]["answers"]["calls"] == 0  # nothing cut and sent instead
+    assert results["answers"]["full_context"]["all"]["n"] == 0
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "`full_context`: 3 question(s) skipped, does_not_fit" in report and "are available" in report
+
+
+def test_ablation_specs_parse_and_misspelt_ones_are_refused(tmp_path: Path) -> None:
+    combined = parse("no_enhancement,clues=2")
+    assert combined.mode == "memory[no_enhancement,clues=2]" and combined.batch is None
+    assert combined.options == QueryOptions(plan_enhancement=False, max_clue_queries=2)
+    assert parse("no_batching").batch == 1 and parse("retriever=beamsearch+flat").options.retriever == "beamsearch+flat"
+    for bad in ("clues=9", "clues=two", "bogus", "retriever=nope"):
+        with pytest.raises(ValueError):
+            parse(bad)
+    data = write(tmp_path, "tiny.json", TINY_LOCOMO)
+    args = ["eval", "locomo", "--data", str(data), "--llm", "scripted", "--results", str(tmp_path / "r")]
+    result = CliRunner().invoke(app, [*args, "--ablation", "x"])
+    assert result.exit_code != 0 and "unknown ablation" in result.output
+    assert not (tmp_path / "r").exists()  # refused before anything was memorized

@@ -185,11 +185,15 @@ class Usage:
     tokens_in: int = 0
     tokens_out: int = 0
     seconds: float = 0.0
+    # what the cache hits cost when the model made them: a variant that shares another's cache is priced as if
+    # it ran alone (the evaluation's cost per question), without counting as model work here
+    tokens_cached: int = 0
 
     def add(self, response: LLMResponse, seconds: float) -> None:
         self.calls += 1
         if response.cached:
             self.cached += 1
+            self.tokens_cached += response.tokens_in + response.tokens_out
             return
         self.tokens_in += response.tokens_in
         self.tokens_out += response.tokens_out

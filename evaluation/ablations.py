@@ -1,0 +1,80 @@
+"""The paper's ablations as variants of the memory mode in one run: ``memstream eval --ablation SPEC``.
+
+A spec is one or more switches joined by commas (``no_enhancement``, ``clues=2``, ``no_enhancement,clues=2``); its
+rows are the mode ``memory[SPEC]``, scored exactly like ``memory``. Every switch but ``no_batching`` is a per-query
+option (``QueryOptions``, what ``memstream ask --no-enhancement`` sends), so the variant asks the run's one engine
+and shares its memory and LLM cache: only the calls the switch changes reach the model. ``no_batching`` needs a
+memory of its own, memorized one message per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.events import QueryOptions
+from services.retrieval.registry import available
+
+#: ``NAME`` / ``no_NAME``: the planning QA's switches
+SWITCHES = {"enhancement": "plan_enhancement", "decomposition": "decomposition", "episodic": "episodic_context"}
+#: ``NAME=N``: its counts
+COUNTS = {"clues": "max_clue_queries", "steps": "max_steps"}
+KNOWN = (
+    "no_enhancement, enhancement, no_decomposition, decomposition, no_episodic, episodic, flat (the flat "
+    "retriever instead of the traversal), retriever=NAME, clues=1..8, steps=1..12, no_batching"
+)
+
+
+@dataclass(frozen=True)
+class Ablation:
+    spec: str
+    options: QueryOptions
+    batch: int | None = None  # memorize's batch size of its own memory; None: the run's memory
+
+    @property
+    def mode(self) -> str:
+        return f"memory[{self.spec}]"
+
+
+def _switch(part: str, options: dict[str, Any]) -> None:
+    key, has_value, value = part.partition("=")
+    if part == "flat":
+        options["retriever"] = "flat"
+    elif key == "retriever" and value:
+        # a query naming an unknown retriever is answered with an error: refused here, before anything runs
+        unknown = [n for n in value.split("+") if n not in available()]
+        if unknown:
+            raise ValueError(f"unknown retriever(s) {unknown} in ablation; available: {', '.join(available())}")
+        options["retriever"] = value
+    elif key in COUNTS and has_value:
+        try:
+            options[COUNTS[key]] = int(value)
+        except ValueError:
+            raise ValueError(f"ablation {part!r}: {key} takes a whole number") from None
+    elif part.removeprefix("no_") in SWITCHES:
+        options[SWITCHES[part.removeprefix("no_")]] = not part.startswith("no_")
+    else:
+        raise ValueError(f"unknown ablation {part!r}; known: {KNOWN}")
+
+
+def parse(spec: str) -> Ablation:
+    """``spec`` as an ablation; ``ValueError`` naming the known switches when it is not one."""
+    options: dict[str, Any] = {}
+    batch = None
+    for part in (p.strip() for p in spec.split(",")):
+        if part == "no_batching":
+            batch = 1
+        else:
+            _switch(part, options)
+    try:
+        query_options = QueryOptions(**options)
+    except ValidationError as exc:
+        raise ValueError(f"ablation {spec!r}: {exc.errors()[0]['msg']}") from None
+    return Ablation(spec.strip(), query_options, batch)
+
+
+def parse_all(specs: tuple[str, ...] | list[str]) -> list[Ablation]:
+    """Each spec once, in the order given."""
+    return [parse(s) for s in dict.fromkeys(s.strip() for s in specs)]
