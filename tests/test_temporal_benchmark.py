@@ -1,5 +1,5 @@
 """The temporal benchmark's scorer: which day, week, weekend, month or year a LoCoMo answer names, and when a
-thesis's date counts as that date (benchmarks/temporal_locomo.py)."""
+thesis's date counts as that date (evaluation/temporal.py; the harness and benchmarks/temporal_locomo.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from benchmarks.temporal_locomo import Span, _hits, gold_span, text_spans, valid_spans
+from evaluation.temporal import Span, gold_span, hits, text_spans, valid_spans
 from services.domain import Vertex, VertexKind
 
 
@@ -46,11 +46,11 @@ def test_a_thesis_has_the_date_in_its_validity_or_its_words() -> None:
     assert gold is not None
     said = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
     yesterday = thesis("Caroline went to a support group (on 7 May 2023).", said)
-    assert not _hits(valid_spans(yesterday), gold) and _hits(text_spans(yesterday), gold)
+    assert not hits(valid_spans(yesterday), gold) and hits(text_spans(yesterday), gold)
     resolved = thesis("Caroline went to a support group.", datetime(2023, 5, 7, tzinfo=UTC))
-    assert _hits(valid_spans(resolved), gold)
+    assert hits(valid_spans(resolved), gold)
     # a period counts when it lies within the answer's, or (a week at most) contains it
     week = thesis("x", said, when_start="2023-05-01", when_end="2023-05-07")
     month = thesis("x", said, when_start="2023-05-01", when_end="2023-05-31")
-    assert _hits(text_spans(week), gold) and not _hits(text_spans(month), gold)
-    assert _hits(text_spans(month), Span(date(2023, 1, 1), date(2023, 12, 31)))
+    assert hits(text_spans(week), gold) and not hits(text_spans(month), gold)
+    assert hits(text_spans(month), Span(date(2023, 1, 1), date(2023, 12, 31)))
