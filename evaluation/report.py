@@ -87,12 +87,26 @@ def _retention(rows: list[Row]) -> dict[str, Any]:
     return {"n": len(rows), "retained": _r(sum(judged) / len(judged)) if judged else None, "judged": len(judged)}
 
 
+#: the temporal questions' date scores (``evaluation.temporal.dated``), in report order
+DATE_KEYS = ("date_evidence", "date_evidence_t_valid", "date_t_valid", "date_text")
+
+
+def _dates(rows: list[Row]) -> dict[str, Any]:
+    """How many of the questions whose answer names a date have it in their context, each way it is scored."""
+    dated = [r for r in rows if "date_t_valid" in r]
+    if not dated:
+        return {}
+    return {"dated_n": len(dated), **{k: sum(bool(r.get(k)) for r in dated) for k in DATE_KEYS}}
+
+
+def _retrieval(rows: list[Row]) -> dict[str, Any]:
+    return {"n": len(rows), **_recalls(rows), "ms": _r(mean(r["ms"] for r in rows), 1), **_dates(rows)}
+
+
 def summarize(rows: Iterable[Row]) -> dict[str, Any]:
     rows = list(rows)
     return {
-        "retrieval": _grouped(
-            rows, "retrieval", lambda rs: {"n": len(rs), **_recalls(rs), "ms": _r(mean(r["ms"] for r in rs), 1)}
-        ),
+        "retrieval": _grouped(rows, "retrieval", _retrieval),
         "answers": _grouped(rows, "answer", _answers),
         "retention": _grouped(rows, "retention", _retention),
     }
@@ -191,6 +205,19 @@ def write(folder: Path, results: dict[str, Any]) -> Path:
                 {m: {k: v["all"].get(k) for k in keys} for m, v in retrieval.items()},
             )
             lines += ["![retrieval](retrieval.png)", ""]
+        dated = {m: v["all"] for m, v in retrieval.items() if v["all"].get("dated_n")}
+        if dated:
+            lines += [
+                "Temporal questions whose answer names a date: how many contexts carry it (`evaluation/temporal.py`):"
+                " a thesis or message of an evidence turn with the date (by its `t_valid` or its words; by `t_valid`"
+                " alone), and any item with the date by `t_valid` or by its words.",
+                "",
+                _table(
+                    ["retriever", "questions", "evidence", "evidence by t_valid", "any by t_valid", "any by words"],
+                    [[m, v["dated_n"], *(v[k] for k in DATE_KEYS)] for m, v in dated.items()],
+                ),
+                "",
+            ]
     answers = results["answers"]
     if answers:
         lines += _answer_section(folder, answers, run.get("ablations", {}))

@@ -25,7 +25,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from evaluation import datasets, metrics, report
+from evaluation import datasets, metrics, report, temporal
 from evaluation.ablations import Ablation, parse_all
 from evaluation.baselines import FullContext, NoRetrieval, index_raw
 from evaluation.datasets import Dataset, EvalQuestion
@@ -33,6 +33,7 @@ from evaluation.judge import AnswerJudgeInput, AnswerJudgeTask, RetentionInput, 
 from schemas.events import Answer, AnswerStatus, Query, QueryOptions, StageEvent
 from services.adapters.sqlite import SqliteMemoryStore
 from services.container import build_engine
+from services.domain import VertexKind
 from services.llm.factory import build_embedder, build_llm
 from services.llm.layers import MeteredLLM, Usage
 from services.llm.scope import llm_scope
@@ -327,8 +328,22 @@ class Harness:
                 "items": len(items),
                 "ms": round((time.perf_counter() - started) * 1000, 1),
                 **self._recall(await self._gold(q, memory), q, items),
+                **await self._dates(q, items, self.raw if retriever == RAW else memory.store, memory),
             }
             self.rows.add(row)
+
+    async def _dates(
+        self, q: EvalQuestion, items: list[metrics.ContextItem], store: SqliteMemoryStore, memory: Memory
+    ) -> dict[str, bool]:
+        """A temporal question whose answer names a date: does the context carry it (``evaluation.temporal``)? Its
+        theses and episodes are read from the store it came from; a duration answer ("4 years") is not scored."""
+        gold = temporal.gold_span(q.answers[0]) if q.category == "temporal" and q.answers else None
+        if gold is None:
+            return {}
+        found = await store.get_vertices(q.user_id, sorted({i for item in items for i in item.ids}))
+        shown = [v for v in found.values() if v.kind in (VertexKind.THESIS, VertexKind.EPISODIC)]
+        evidence: set[str] = set().union(*await self._gold(q, memory))
+        return temporal.dated(shown, gold, evidence)
 
     @staticmethod
     def _retrieval_key(retriever: str, memory: Memory, q: EvalQuestion) -> str:

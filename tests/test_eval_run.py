@@ -100,6 +100,13 @@ def test_retrieval_only_makes_no_answer_call(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "r" / "results.json").read_text())
     assert summary["answers"] == {} and summary["retrieval"]["beamsearch"]["all"]["n"] == 3
     assert set(summary["run"]["this_run_llm"]["memorize"]) and "answers" not in summary["run"]["this_run_llm"]
+    # the one temporal question ("When did Alice adopt Rex?" -> 8 May 2023, said that day) is scored for its date:
+    # the raw turn of that day is in the flat index's context
+    raw = summary["retrieval"]["raw_flat"]["all"]
+    assert raw["dated_n"] == 1 and raw["date_evidence"] == 1 and raw["date_t_valid"] == 1
+    rows = [json.loads(line) for line in (tmp_path / "r" / "rows.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows if "date_t_valid" in r and r["mode"] == "raw_flat"] == ["conv-t:q2"]
+    assert "Temporal questions whose answer names a date" in (tmp_path / "r" / "report.md").read_text()
 
 
 async def test_mine_retention_judges_each_fact_against_what_memory_returns(tmp_path: Path) -> None:

@@ -54,3 +54,32 @@ def test_a_thesis_has_the_date_in_its_validity_or_its_words() -> None:
     month = thesis("x", said, when_start="2023-05-01", when_end="2023-05-31")
     assert hits(text_spans(week), gold) and not hits(text_spans(month), gold)
     assert hits(text_spans(month), Span(date(2023, 1, 1), date(2023, 12, 31)))
+
+
+def test_dated_tells_the_evidence_thesis_with_the_date_from_any_other() -> None:
+    from evaluation.temporal import dated
+
+    gold = Span(date(2023, 5, 1), date(2023, 5, 7))  # "the week before 8 May 2023"
+    said = datetime(2023, 5, 8, tzinfo=UTC)
+    evidence = Vertex(
+        id="t1",
+        user_id="u",
+        kind=VertexKind.THESIS,
+        name="Ann went to Paris last week (2023-05-01 to 2023-05-07).",
+        t_valid=said,
+        props={"when_start": "2023-05-01", "when_end": "2023-05-07"},
+    )
+    other = Vertex(id="t2", user_id="u", kind=VertexKind.THESIS, name="Ann swam.", t_valid=datetime(2023, 5, 3))
+    assert dated([evidence], gold, {"t1"}) == {
+        "date_t_valid": False,
+        "date_text": True,
+        "date_evidence": True,
+        "date_evidence_t_valid": False,
+    }
+    # another thesis of that week by its t_valid: in the context, not the answer's own
+    assert dated([other], gold, {"t1"}) == {
+        "date_t_valid": True,
+        "date_text": False,
+        "date_evidence": False,
+        "date_evidence_t_valid": False,
+    }
