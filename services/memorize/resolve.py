@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.llm.task import LLMTask, numbered_pairs_schema
+from services.llm.task import LLMTask, OutT, T, numbered_pairs_schema
 from services.ports import LLMMessage
 
 Verdict = Literal["same", "updates", "compatible", "confirms", "refutes"]
@@ -94,18 +94,27 @@ def pair_lines(pairs: list[Pair]) -> str:
     )
 
 
-class ResolveTask(LLMTask[ResolveOut, list[Verdict]]):
-    name = "resolve"
-    output_model = ResolveOut
-    max_tokens = 512
+class PairsTask(LLMTask[OutT, T]):
+    """A task over numbered NEW/KNOWN pairs: its instruction, one worked example, then the pairs."""
+
+    system: str
+    example_in: str
+    example_out: str
 
     def messages(self, inputs: list[Pair]) -> list[LLMMessage]:
         return [
-            LLMMessage(role="system", content=SYSTEM),
-            LLMMessage(role="user", content=EXAMPLE_IN),
-            LLMMessage(role="assistant", content=EXAMPLE_OUT),
+            LLMMessage(role="system", content=self.system),
+            LLMMessage(role="user", content=self.example_in),
+            LLMMessage(role="assistant", content=self.example_out),
             LLMMessage(role="user", content=pair_lines(inputs)),
         ]
+
+
+class ResolveTask(PairsTask[ResolveOut, list[Verdict]]):
+    name = "resolve"
+    output_model = ResolveOut
+    max_tokens = 512
+    system, example_in, example_out = SYSTEM, EXAMPLE_IN, EXAMPLE_OUT
 
     def json_schema(self, inputs: Any = None) -> dict[str, Any]:
         schema = self.output_model.model_json_schema()

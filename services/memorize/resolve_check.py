@@ -19,9 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.llm.task import LLMTask, numbered_pairs_schema
-from services.memorize.resolve import Pair, pair_lines
-from services.ports import LLMMessage
+from services.llm.task import numbered_pairs_schema
+from services.memorize.resolve import Pair, PairsTask
 
 Check = Literal["both_true", "not_both"]
 
@@ -64,20 +63,13 @@ EXAMPLE_OUT = (
 )
 
 
-class CheckTask(LLMTask[CheckOut, list[bool]]):
+class CheckTask(PairsTask[CheckOut, list[bool]]):
     """Per pair: True when the two cannot both hold (the verdict that ends or refutes one stands)."""
 
     name = "resolve_check"
     output_model = CheckOut
     max_tokens = 512
-
-    def messages(self, inputs: list[Pair]) -> list[LLMMessage]:
-        return [
-            LLMMessage(role="system", content=SYSTEM),
-            LLMMessage(role="user", content=EXAMPLE_IN),
-            LLMMessage(role="assistant", content=EXAMPLE_OUT),
-            LLMMessage(role="user", content=pair_lines(inputs)),
-        ]
+    system, example_in, example_out = SYSTEM, EXAMPLE_IN, EXAMPLE_OUT
 
     def json_schema(self, inputs: Any = None) -> dict[str, Any]:
         schema = self.output_model.model_json_schema()
