@@ -184,7 +184,8 @@ def resolve_check_count(verdict: str) -> float:
 
 async def test_an_update_the_check_does_not_confirm_keeps_both(store, embedder) -> None:
     llm = await two_states(store, embedder)
-    llm.queue("resolve_check", check_replies("both_true"))
+    # the controls (first: holds, last: ends) answered right: the check is trusted, and says both can hold
+    llm.queue("resolve_check", check_replies("both_true", "both_true", "not_both"))
     before = resolve_check_count("updates_unconfirmed_kept")
     svc = service(store, llm, embedder)
     outcome = await svc.memorize([msg(2, "I moved to Berlin!", at=T0 + timedelta(days=30))])
@@ -196,6 +197,27 @@ async def test_an_update_the_check_does_not_confirm_keeps_both(store, embedder) 
     assert outcome.updates[0].theses_invalidated == 0 and outcome.updates[0].llm_calls == 3
     assert (await store.stats("u1")).theses_valid == 2
     assert resolve_check_count("updates_unconfirmed_kept") == before + 1
+
+
+async def test_a_check_that_fails_its_controls_is_not_trusted(store, embedder) -> None:
+    llm = await two_states(store, embedder)
+    # "not_both" to every pair, the control that holds together included: this call cannot tell the kinds apart
+    llm.queue("resolve_check", check_replies("not_both", "not_both", "not_both"))
+    before = resolve_check_count("check_controls_failed")
+    outcome = await service(store, llm, embedder).memorize([msg(2, "I moved to Berlin!", at=T0 + timedelta(days=30))])
+    (check,) = llm.calls_for("resolve_check")
+    lines = check.messages[-1].content.splitlines()
+    assert "Robin is looking forward to the jazz festival." in lines[0] and "Robin moved to Leeds." in lines[-2]
+    assert outcome.updates[0].theses_invalidated == 0
+    assert (await store.stats("u1")).theses_valid == 2
+    assert resolve_check_count("check_controls_failed") == before + 1
+
+
+async def test_a_trusted_check_that_agrees_lets_the_update_act(store, embedder) -> None:
+    llm = await two_states(store, embedder)
+    llm.queue("resolve_check", check_replies("both_true", "not_both", "not_both"))
+    outcome = await service(store, llm, embedder).memorize([msg(2, "I moved to Berlin!", at=T0 + timedelta(days=30))])
+    assert outcome.updates[0].theses_invalidated == 1
 
 
 async def test_a_failed_check_keeps_both(store, embedder) -> None:

@@ -9,6 +9,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
+from services.memorize.resolve_check import CONTROL_HOLDS
 from services.ports import LLM, LLMRequest, LLMResponse
 
 Responder = Callable[[LLMRequest], str | dict[str, Any]]
@@ -124,9 +125,14 @@ def rule_resolve(request: LLMRequest) -> dict[str, Any]:
 
 
 def rule_resolve_check(request: LLMRequest) -> dict[str, Any]:
-    """Stand-in for the ``resolve_check`` task: agrees with every verdict it is asked about ("not_both"), so that
-    a script's ``resolve`` verdicts act as written."""
-    return {"pairs": [{"p": int(n), "verdict": "not_both"} for n, _, _ in _PAIR.findall(request.messages[-1].content)]}
+    """Stand-in for the ``resolve_check`` task: answers its control pairs right and agrees with every verdict it is
+    asked about ("not_both"), so that a script's ``resolve`` verdicts act as written."""
+    return {
+        "pairs": [
+            {"p": int(n), "verdict": "both_true" if new == CONTROL_HOLDS.new else "not_both"}
+            for n, new, _ in _PAIR.findall(request.messages[-1].content)
+        ]
+    }
 
 
 _NAMES = re.compile(r'^\[(\d+)\] A: "(.*)" \(.*\)\n\s+B: "(.*)" \(.*\)$', re.MULTILINE)

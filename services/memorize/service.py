@@ -416,7 +416,8 @@ class MemorizeService:
 
     async def _check(self, user_id: str, pairs: list[Pair], verdicts: list[str]) -> tuple[list[str], int]:
         """The verdicts that would end or refute a known thesis, asked again the other way round (could one person
-        say both?, ``resolve_check``): one the check does not confirm keeps both, counted apart so it shows."""
+        say both?, ``resolve_check``, between two control pairs): one the check does not confirm, or confirms in a
+        call whose controls were answered wrong, keeps both; counted apart so it shows."""
         acting = [n for n, v in enumerate(verdicts) if v in ("updates", "refutes")]
         if not acting or not self.settings.resolve_check:
             return verdicts, 0
@@ -431,7 +432,11 @@ class MemorizeService:
             log.warning("resolve_check_failed_keeping_both", user_id=user_id, pairs=len(acting), error=str(exc))
             stands, calls = [False] * len(acting), getattr(exc, "attempts", 1)
         else:
-            stands, calls = result.value, result.calls
+            checked_out, calls = result.value, result.calls
+            stands = checked_out.not_both if checked_out.trusted else [False] * len(acting)
+            if not checked_out.trusted:
+                # the model answered a control pair wrong: in this call it could not tell the two kinds apart
+                metrics.RESOLVE_VERDICTS.labels("check_controls_failed").inc(len(acting))
         checked = list(verdicts)
         for n, confirmed in zip(acting, stands, strict=True):
             if not confirmed:
