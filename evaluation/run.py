@@ -39,7 +39,7 @@ from services.ports import Embedder
 from services.qa.matching import EntityMatcher
 from services.qa.service import QAEngine, QAService
 from services.qa.simple import SimpleQA
-from services.qa.tasks.common import is_no_info, names_in
+from services.qa.tasks.common import is_no_info
 from services.retrieval.base import RetrievalRequest, Retriever
 from services.retrieval.registry import get_retriever
 from services.settings import Settings
@@ -209,23 +209,17 @@ class Harness:
             self._gold_ids[q.id] = [found[e] for e in q.evidence]
         return self._gold_ids[q.id]
 
-    async def _seeds(self, q: EvalQuestion) -> list[str]:
-        """Object vertices the question names, by the system's own matcher (exact names, fused search); when it
-        names none (or none is known), the objects the fused search finds for the whole question."""
-        for entities in (sorted(names_in(q.text)), [q.text]):
-            matches = await self.matcher.match(q.user_id, entities)
-            seeds = list(dict.fromkeys(m.vertex.id for ms in matches.values() for m in ms))
-            if seeds:
-                return seeds
-        return []
-
     async def _context(self, retriever: str, q: EvalQuestion, vector: list[float]) -> list[metrics.ContextItem]:
         if retriever == RAW:
             hits = await self.raw.search(q.user_id, ["episodic"], vector, q.text, k=max(KS))
             found = await self.raw.get_vertices(q.user_id, [h.id for h in hits])
             return [metrics.ContextItem(frozenset({h.id}), found[h.id].text) for h in hits if h.id in found]
         request = RetrievalRequest(
-            user_id=q.user_id, query=q.text, query_vector=vector, seeds=await self._seeds(q), budget=self.config.budget
+            user_id=q.user_id,
+            query=q.text,
+            query_vector=vector,
+            seeds=await self.matcher.question_seeds(q.user_id, q.text),
+            budget=self.config.budget,
         )
         if retriever not in self._retrievers:
             self._retrievers[retriever] = get_retriever(retriever, self.memory, self.memory, self.embedder)
