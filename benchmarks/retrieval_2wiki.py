@@ -20,10 +20,10 @@ nothing of the gold data. A gold triple counts as retrieved when its relation ed
 ("chain"), or, on the realistic graph, also when a paragraph titled by its subject that names its object is
 ("chain+para"); a question counts when all its triples do. Every table has the breadth-first baseline (``bfs``: no
 scoring, depth 2, same budget) beside the walks; alias bridging is measured off (the default) and on
-(``--aliases 2``), and ``--old-stopwords`` adds back the ordinal words once in the production stop list.
+(``--aliases 2``), and ``--old-stopwords NAMES`` adds back the ordinal words once in the production stop list.
 
     python -m benchmarks.retrieval_2wiki --budget 20 [--limit 100] [--retrievers beamsearch,flat] \
-        [--graphs gold,realistic] [--aliases 0,2] [--old-stopwords] [--vectors /tmp/2wiki-vectors.npz]
+        [--graphs gold,realistic] [--aliases 0,2] [--old-stopwords watercircles] [--vectors /tmp/2wiki-vectors.npz]
 
 Prints tables to stderr and a JSON summary as the last line of stdout.
 """
@@ -253,12 +253,11 @@ async def run_graph(
                 "runs": {},
             }
             print(f"\n{g.label} graph: {summary}", file=sys.stderr)
-            variants = [(a, False) for a in args.aliases] + ([(0, True)] if args.old_stopwords else [])
             for name in args.retrievers.split(","):
                 retriever = get_retriever(name, store, store, embedder)
+                variants = [(a, False) for a in args.aliases if not a or uses_aliases(name)]
+                variants += [(0, True)] if name in args.old_stopwords else []
                 for aliases, old in variants:
-                    if (aliases and not uses_aliases(name)) or (old and name in ("bfs", "flat")):
-                        continue  # the knob does not reach this retriever
                     label = f"{name} aliases={aliases}" + (" +2wiki stopwords" if old else "")
                     with stopwords(OLD_2WIKI_STOPWORDS if old else frozenset()):
                         result = await evaluate(retriever, g, questions, question_vecs, args.budget, aliases)
@@ -358,7 +357,13 @@ def main() -> None:
     parser.add_argument("--retrievers", default=DEFAULT_RETRIEVERS)
     parser.add_argument("--graphs", default="gold,realistic")
     parser.add_argument("--aliases", default="0,2", type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--old-stopwords", action="store_true", help="also measure with 2Wiki's ordinal stop words")
+    # with aliases off the stop list is read only by WaterCircles' lexical boost (and a mixture holding it)
+    parser.add_argument(
+        "--old-stopwords",
+        default="",
+        type=lambda s: set(s.split(",")) - {""},
+        help="retrievers also measured with 2Wiki's ordinal stop words, e.g. watercircles",
+    )
     parser.add_argument("--vectors", type=Path, default=None, help="an .npz cache of the embeddings")
     args = parser.parse_args()
     configure_logging("WARNING", json=False)
