@@ -43,7 +43,6 @@ from services.llm.factory import build_embedder, build_llm
 from services.memorize import builder
 from services.memorize.service import MemorizeService
 from services.qa.matching import EntityMatcher
-from services.qa.tasks.common import names_in
 from services.retrieval.base import RetrievalRequest
 from services.retrieval.registry import get_retriever
 from services.settings import Settings
@@ -128,8 +127,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         evidence_dated += any(hits(text_spans(t) + valid_spans(t), span) for t in derived)
         from_evidence = {t.id for t in derived}
         vector = (await embedder.embed([q.text]))[0]
-        matches = await matcher.match(user, sorted(names_in(q.text)))
-        seeds = list(dict.fromkeys(m.vertex.id for ms in matches.values() for m in ms))
+        seeds = await matcher.question_seeds(user, q.text)
         row: dict[str, Any] = {"sample": q.sample, "question": q.text, "answer": q.answer, "evidence": q.evidence}
         row["gold"] = [span.first.isoformat(), span.last.isoformat()]
         for name, retriever in retrievers.items():

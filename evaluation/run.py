@@ -44,7 +44,7 @@ from services.ports import Embedder
 from services.qa.matching import EntityMatcher
 from services.qa.service import QAEngine, QAService
 from services.qa.simple import SimpleQA
-from services.qa.tasks.common import is_no_info, names_in
+from services.qa.tasks.common import is_no_info
 from services.retrieval.base import RetrievalRequest, Retriever
 from services.retrieval.registry import get_retriever
 from services.settings import Settings
@@ -273,16 +273,6 @@ class Harness:
             memory.gold[q.id] = [found[e] for e in q.evidence]
         return memory.gold[q.id]
 
-    async def _seeds(self, q: EvalQuestion, memory: Memory) -> list[str]:
-        """Object vertices the question names, by the system's own matcher (exact names, fused search); when it
-        names none (or none is known), the objects the fused search finds for the whole question."""
-        for entities in (sorted(names_in(q.text)), [q.text]):
-            matches = await self.matchers[memory.label].match(q.user_id, entities)
-            seeds = list(dict.fromkeys(m.vertex.id for ms in matches.values() for m in ms))
-            if seeds:
-                return seeds
-        return []
-
     async def _context(
         self, retriever: str, q: EvalQuestion, vector: list[float], memory: Memory
     ) -> list[metrics.ContextItem]:
@@ -294,7 +284,7 @@ class Harness:
             user_id=q.user_id,
             query=q.text,
             query_vector=vector,
-            seeds=await self._seeds(q, memory),
+            seeds=await self.matchers[memory.label].question_seeds(q.user_id, q.text),
             budget=self.config.budget,
         )
         if retriever not in memory.retrievers:

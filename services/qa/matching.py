@@ -18,6 +18,7 @@ from services.domain import Vertex, VertexKind
 from services.ids import normalize_name
 from services.logging import get_logger
 from services.ports import Embedder, GraphStore, VectorHit, VectorStore
+from services.qa.tasks.common import names_in
 
 log = get_logger(__name__)
 
@@ -82,6 +83,17 @@ class EntityMatcher:
                 matches.append(Match(entity, vertex, hit.score, exact=False))
             result[entity] = matches[:per_entity]
         return result
+
+    async def question_seeds(self, user_id: str, question: str) -> list[str]:
+        """Seed object ids for a question without an LLM: the names it writes capitalised (``names_in``) matched
+        like any entity; when none matches, the objects the fused search finds for the whole question. The
+        evaluation harness and the LLM-free benchmarks seed the same way, so their figures are comparable."""
+        for entities in (sorted(names_in(question)), [question]):
+            matches = await self.match(user_id, entities)
+            seeds = list(dict.fromkeys(m.vertex.id for ms in matches.values() for m in ms))
+            if seeds:
+                return seeds
+        return []
 
     async def _search(self, user_id: str, entity: str, vector: list[float], k: int) -> list[VectorHit]:
         try:

@@ -9,8 +9,9 @@ Theses are hyperedges: entering a thesis pays its cost; leaving it towards anoth
 not lengthen the path, so a chain through theses scores like the same chain through relation edges.
 
 Aliases: exact-name dedup leaves one entity under several names ("Henri Lepage" / "Henri Lepage (director)"), and
-a chain split across them has no edge to follow. When a path reaches a *thin* object (at most ``thin_degree``
-triplets), it may also continue from that object's aliases (``Scope.aliases``), paying ``-log(name similarity)``.
+a chain split across them has no edge to follow. With ``aliases > 0`` (off by default), when a path reaches a *thin*
+object (at most ``thin_degree`` triplets), it may also continue from its aliases (``Scope.aliases``), paying
+``-log(name similarity)``.
 
 All seeds advance together: one ``neighbors`` call per depth for the whole frontier (plus one for the aliases of
 thin tails, when there are any), one vector fetch for all the new edges, and numpy for the scores. A triplet's rank

@@ -106,11 +106,6 @@ STOPWORDS = frozenset(
         "same",
         "more",
         "most",
-        "first",
-        "older",
-        "younger",
-        "later",
-        "earlier",
     }
 )
 
@@ -193,7 +188,9 @@ class WalkParams(Params):
     fanout: int | None = Field(
         default=256, ge=1, description="neighbors per vertex per hop, newest first (a cap for hubs; None: all)"
     )
-    aliases: int = Field(default=2, ge=0, description="aliases tried per thin object (0: off)")
+    # Off by default: alias bridging has only been measured on 2Wiki, whose gold-triple graph makes nearly every
+    # vertex "thin" (docs/benchmarks.md); an option until another dataset shows it helps.
+    aliases: int = Field(default=0, ge=0, description="aliases tried per thin object (0: off)")
     alias_min_sim: float = Field(default=0.75, ge=0.0, le=1.0, description="name cosine for an alias")
     thin_degree: int = Field(default=2, ge=0, description="objects with at most this many triplets are thin")
     thin_relations: int = Field(default=1, ge=0, description="...or with at most this many relation names")

@@ -1,9 +1,9 @@
 """Retrievers by name: ``get_retriever("beamsearch", graph, vectors, embedder, beam_width=5)``.
 
-Names: beamsearch, watercircles, astar, flat (flat_dense, flat_lexical), tog2, pgraphrag (pgraphrag_user,
-pgraphrag_neighbor), and mixtures: "mixture" (beamsearch + watercircles, PersonalAI's default pair) or any names
-joined by "+", e.g. "beamsearch+flat". A mixture passes each member the params its model knows, plus those nested
-under the member's name (``beamsearch={"depth": 2}``); a param no member knows is an error.
+Names: beamsearch, watercircles, astar, flat (flat_dense, flat_lexical), bfs (the unscored baseline), tog2,
+pgraphrag (pgraphrag_user, pgraphrag_neighbor), and mixtures: "mixture" (beamsearch + watercircles, PersonalAI's
+default pair) or any names joined by "+", e.g. "beamsearch+flat". A mixture passes each member the params its model
+knows, plus those nested under the member's name (``beamsearch={"depth": 2}``); a param no member knows is an error.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from services.ports import Embedder, GraphStore, VectorStore
 from services.retrieval.astar import AStar
 from services.retrieval.base import Retriever
 from services.retrieval.beamsearch import BeamSearch
+from services.retrieval.bfs import BFS
 from services.retrieval.common import GraphRetriever
 from services.retrieval.flat import Flat
 from services.retrieval.mixture import Mixture
@@ -29,6 +30,7 @@ RETRIEVERS: dict[str, tuple[type[GraphRetriever], dict[str, Any]]] = {
     "flat": (Flat, {}),
     "flat_dense": (Flat, {"mode": "dense"}),
     "flat_lexical": (Flat, {"mode": "lexical"}),
+    "bfs": (BFS, {}),
     "tog2": (ToG2, {}),
     "pgraphrag": (PGraphRAG, {"mode": "both"}),
     "pgraphrag_user": (PGraphRAG, {"mode": "user"}),

@@ -2,9 +2,10 @@
 
 Each seed's circle grows one hop per round (one ``neighbors`` call for the union of all frontiers, plus one to step
 out of the theses just entered: a thesis is a hyperedge, and the objects it names lie in the same circle). A thin
-object's aliases (``Scope.aliases``: the same entity under another name) join its circle, at the cost of their name
-dissimilarity. A circle keeps at most ``width`` new vertices per round, those reached by the best chains (chain cost
-as in BeamSearch: sum of ``-log sim`` over its edges, normalised by ``len**alpha``), so hubs do not flood it.
+object's aliases (``Scope.aliases``: the same entity under another name; with ``aliases > 0``, off by default) join
+its circle, at the cost of their name dissimilarity. A circle keeps at most ``width`` new vertices per round, those
+reached by the best chains (chain cost as in BeamSearch: sum of ``-log sim`` over its edges, normalised by
+``len**alpha``), so hubs do not flood it.
 
 The ranked context, best first:
 
