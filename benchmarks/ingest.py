@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,10 @@ async def run_service(messages: list[ChatMessage], batch: int, chunk: int) -> di
         "messages_per_s": round(len(messages) / elapsed, 1),
         "llm_calls": len(llm.calls),
         "llm_calls_per_message": round(len(llm.calls) / len(messages), 3),
+        # extraction apart from the checks after it (resolve, its check, entity confirmation)
+        "llm_calls_per_message_by_task": {
+            task: round(n / len(messages), 3) for task, n in sorted(Counter(c.task for c in llm.calls).items())
+        },
     }
 
 
