@@ -573,6 +573,18 @@ async def test_matching_puts_exact_name_first(films: SqliteMemoryStore, embedder
     assert [m.exact for m in combos[0]] == [True, False, True]  # the best-ranked vertex of each entity first
 
 
+async def test_question_seeds_are_the_named_objects_else_the_whole_questions_matches(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    matcher = EntityMatcher(films, films, embedder)
+    named = await matcher.question_seeds(USER, "Who directed Payment On Demand?")
+    exact = await films.find_objects(USER, ["payment on demand"])
+    assert named[0] == exact["payment on demand"].id  # the capitalised name, matched exactly, comes first
+    # no capitalised name: the whole question is matched, so there are still seeds
+    assert await matcher.question_seeds(USER, "who directed the payment on demand film?")
+    assert await matcher.question_seeds(OTHER, "Who directed Payment On Demand?") == []
+
+
 # -- failures degrade, never crash ---------------------------------------------------------------------------------
 
 
