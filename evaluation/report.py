@@ -176,6 +176,13 @@ def write(folder: Path, results: dict[str, Any]) -> Path:
             ],
         ),
         "",
+        *(
+            f"- {name}: model calls per message by task: "
+            + ", ".join(f"{task} {n}" for task, n in ingest["calls_per_message_by_task"].items())
+            for name, ingest in builds.items()
+            if ingest.get("calls_per_message_by_task")
+        ),
+        "",
     ]
     retrieval = results["retrieval"]
     if retrieval:

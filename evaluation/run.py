@@ -226,6 +226,7 @@ class Harness:
         """``memory.batch`` events at a time per user, into ``memory``; its build cost over all runs."""
         service = MemorizeService(memory.store, self.llm, self.embedder, memory.settings)
         before, started = _snapshot(self.llm), time.perf_counter()
+        tasks_before = {task: replace(u) for task, u in self.llm.by_task.items()}
         events = self.dataset.events
         what = memory.mode("memorize")
         bar = tqdm(total=len(events), desc=what, unit="event", disable=not self.config.progress)
@@ -251,6 +252,8 @@ class Harness:
         await asyncio.gather(*(one_user(user_events) for user_events in by_user.values()))
         bar.close()
         usage = _fresh(before, _snapshot(self.llm))
+        # extraction apart from the checks after it (resolve, its check, entity confirmation): what a message costs
+        by_task = {task: _fresh(tasks_before.get(task, Usage()), u) for task, u in self.llm.by_task.items()}
         this_run = {
             "events": len(events),
             "batch": memory.batch,
@@ -259,6 +262,7 @@ class Harness:
             "dead_letters": dead,
             "wall_s": round(time.perf_counter() - started, 2),
             "llm": usage,
+            "llm_by_task": {task: u for task, u in sorted(by_task.items()) if u["calls"] or u["cached"]},
             **extra,
         }
         self.run_usage[what] = usage
@@ -506,10 +510,20 @@ def _ingest_log(path: Path, this_run: dict[str, Any]) -> dict[str, Any]:
         "dead_letters": sum(len(r["dead_letters"]) for r in runs),
         "llm": total,
         "per_message": {k: round(v / memorized, 3) for k, v in total.items()} if memorized else {},
+        "calls_per_message_by_task": _calls_by_task(runs, memorized),
         "runs": runs,
     }
     path.write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _calls_by_task(runs: list[dict[str, Any]], memorized: int) -> dict[str, float]:
+    """Model calls (that reached the model) per memorized message, per task, over all runs."""
+    calls: dict[str, float] = {}
+    for run in runs:
+        for task, usage in run.get("llm_by_task", {}).items():
+            calls[task] = calls.get(task, 0) + usage["calls"]
+    return {task: round(n / memorized, 3) for task, n in sorted(calls.items())} if memorized else {}
 
 
 def _machine() -> str:

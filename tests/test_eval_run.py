@@ -49,6 +49,7 @@ def test_eval_locomo_writes_results_and_report_and_a_rerun_calls_no_model(tmp_pa
     summary = json.loads((results / "results.json").read_text())
     assert summary["run"]["model"] == "scripted-rules" and summary["run"]["machine"]
     assert summary["ingest"]["memorized"] == 4 and summary["ingest"]["per_message"]["calls"] > 0
+    assert summary["ingest"]["calls_per_message_by_task"]["extract"] > 0  # the checks after it counted apart
     assert set(summary["answers"]) == {"memory", "flat_rag", "full_context", "no_retrieval"}
     assert set(summary["retrieval"]) == {"beamsearch", "flat", "mixture", "raw_flat"}
     memory = summary["answers"]["memory"]["all"]
