@@ -75,7 +75,7 @@ class EvalConfig:
     adversarial: bool = False
     modes: tuple[str, ...] = MODES
     ablations: tuple[str, ...] = ()  # variants of the memory mode (evaluation.ablations), answered beside it
-    retrievers: tuple[str, ...] = ("beamsearch", "flat", "mixture")
+    retrievers: tuple[str, ...] = ("beamsearch", "mixture", "bfs", "flat")  # bfs: the unscored yardstick of the walks
     budget: int = 20
     llm: str | None = None  # None: the settings' (MEMSTREAM_LLM)
     model: str | None = None

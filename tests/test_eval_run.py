@@ -51,7 +51,7 @@ def test_eval_locomo_writes_results_and_report_and_a_rerun_calls_no_model(tmp_pa
     assert summary["ingest"]["memorized"] == 4 and summary["ingest"]["per_message"]["calls"] > 0
     assert summary["ingest"]["calls_per_message_by_task"]["extract"] > 0  # the checks after it counted apart
     assert set(summary["answers"]) == {"memory", "flat_rag", "full_context", "no_retrieval"}
-    assert set(summary["retrieval"]) == {"beamsearch", "flat", "mixture", "raw_flat"}
+    assert set(summary["retrieval"]) == {"beamsearch", "mixture", "bfs", "flat", "raw_flat"}
     memory = summary["answers"]["memory"]["all"]
     assert memory["n"] == 3 and memory["judged"] == 3 and memory["llm_per_question"]["calls"] >= 1
     assert {"traversal", "combine"} <= set(memory["stage_ms"])
@@ -59,7 +59,7 @@ def test_eval_locomo_writes_results_and_report_and_a_rerun_calls_no_model(tmp_pa
     rows = [json.loads(line) for line in (results / "rows.jsonl").read_text().splitlines()]
     answered = [r for r in rows if r["kind"] == "answer"]
     assert len(answered) == 12 and all(r["judge_reason"] for r in answered)
-    assert len([r for r in rows if r["kind"] == "retrieval"]) == 3 * 4
+    assert len([r for r in rows if r["kind"] == "retrieval"]) == 3 * 5
 
     report = (results / "report.md").read_text()
     assert "scripted" in report and "measure nothing" in report  # never presented as quality
