@@ -6,7 +6,7 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from services.memorize.when import resolve
+from services.memorize.when import resolve, sounds_future
 
 MON = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)  # Monday 8 May 2023
 FRI = datetime(2023, 1, 20, 18, 0, tzinfo=UTC)  # Friday 20 January 2023
@@ -60,6 +60,21 @@ def test_a_bare_month_or_weekday_of_a_plan_is_the_next_one() -> None:
     assert earlier is not None and earlier.start == date(2023, 9, 1)
     friday = resolve("on Friday", said, future=True)
     assert friday is not None and friday.start == date(2024, 3, 8)
+
+
+@pytest.mark.parametrize(
+    ("text", "future"),
+    [
+        ("I'm looking forward to my sister's wedding in June.", True),
+        ("I can't wait for the concert in August.", True),
+        ("The school play is scheduled for Friday.", True),
+        ("I'm about to leave for Rome.", True),
+        ("I went to my sister's wedding in June.", False),
+        ("We looked at the photos from June.", False),
+    ],
+)
+def test_future_is_read_from_how_a_statement_speaks(text: str, future: bool) -> None:
+    assert sounds_future(text) is future
 
 
 SAID = datetime(2023, 5, 12, 15, 0, tzinfo=UTC)  # Friday 12 May 2023

@@ -86,8 +86,11 @@ _IN_TEXT = re.compile(
     re.IGNORECASE,
 )
 _CLAUSE = re.compile(r"[,;:]\s+|\s+-\s+")
+#: English ways of speaking of what is to come; "looking forward to the wedding in June", said in March, is this June
 _FUTURE = re.compile(
-    r"\b(will|'ll|going to|gonna|plan|planning|hope to|want to|next|upcoming|soon|training for)\b", re.I
+    r"\b(will|'ll|going to|gonna|plan|planning|hope to|want to|next|upcoming|soon|training for|looking forward|"
+    r"look forward|can'?t wait|cannot wait|about to|scheduled|intend to|intends to)\b",
+    re.I,
 )
 
 
