@@ -59,6 +59,14 @@ KS = (1, 5, 10, 20)
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@/+=-]")
 #: the LLM-free retrieval rows of the flat-RAG baseline's index
 RAW = "raw_flat"
+#: a retriever's suffix that adds the episodes (the messages themselves) to its context: ``flat+episodic``,
+#: ``beamsearch+flat+episodic`` (a mixture's members are joined by "+" too)
+EPISODIC = "+episodic"
+
+
+#: the LLM-free evaluation's retrievers: the default QA context (flat, with the messages), flat and the walk
+#: without them, and the walks with them; bfs: the unscored yardstick of the walks
+RETRIEVERS = ("flat+episodic", "flat", "beamsearch+episodic", "beamsearch", "mixture+episodic", "bfs+episodic")
 
 
 @dataclass
@@ -75,7 +83,7 @@ class EvalConfig:
     adversarial: bool = False
     modes: tuple[str, ...] = MODES
     ablations: tuple[str, ...] = ()  # variants of the memory mode (evaluation.ablations), answered beside it
-    retrievers: tuple[str, ...] = ("beamsearch", "mixture", "bfs", "flat")  # bfs: the unscored yardstick of the walks
+    retrievers: tuple[str, ...] = RETRIEVERS
     budget: int = 20
     llm: str | None = None  # None: the settings' (MEMSTREAM_LLM)
     model: str | None = None
@@ -284,16 +292,19 @@ class Harness:
             hits = await self.raw.search(q.user_id, ["episodic"], vector, q.text, k=max(KS))
             found = await self.raw.get_vertices(q.user_id, [h.id for h in hits])
             return [metrics.ContextItem(frozenset({h.id}), found[h.id].text) for h in hits if h.id in found]
+        name = retriever.removesuffix(EPISODIC)
+        kinds = {VertexKind.OBJECT, VertexKind.THESIS} | ({VertexKind.EPISODIC} if name != retriever else set())
         request = RetrievalRequest(
             user_id=q.user_id,
             query=q.text,
             query_vector=vector,
             seeds=await self.matchers[memory.label].question_seeds(q.user_id, q.text),
             budget=self.config.budget,
+            context_kinds=frozenset(kinds),
         )
-        if retriever not in memory.retrievers:
-            memory.retrievers[retriever] = get_retriever(retriever, memory.store, memory.store, self.embedder)
-        return metrics.triplet_items(await memory.retrievers[retriever].retrieve(request))
+        if name not in memory.retrievers:
+            memory.retrievers[name] = get_retriever(name, memory.store, memory.store, self.embedder)
+        return metrics.triplet_items(await memory.retrievers[name].retrieve(request))
 
     def _recall(self, gold: list[frozenset[str]], q: EvalQuestion, items: list[metrics.ContextItem]) -> dict[str, Any]:
         out: dict[str, Any] = {f"recall@{k}": metrics.recall_at(gold, items, k) for k in KS}
@@ -473,7 +484,8 @@ class Harness:
 
     async def retention(self) -> None:
         """MINE: for each gold fact, what memory returns for it (LLM-free retrieval), judged by the LLM."""
-        retriever = self.config.retrievers[0]
+        # what memorize kept, without the messages: an essay's own paragraphs would "retain" every fact of it
+        retriever = self.config.retrievers[0].removesuffix(EPISODIC)
         todo = [q for q in self.sample_retention() if f"retention:{retriever}:{q.id}" not in self.rows]
         for q in self._bar(todo, "retention"):
             vector = (await self.embedder.embed([q.text]))[0]

@@ -147,6 +147,9 @@ class Vertex(BaseModel):
         """What the QA reader is shown: ``text`` with the label and holder of an opinion or prediction and the
         thesis's marks ("[2023-03-01] OPINION (Ben): ... (conflicts with: ...)"). Not embedded or compared: the
         retrievers rank and deduplicate by ``text``."""
+        if self.kind is VertexKind.EPISODIC and self.t_valid is not None:
+            # when it was said: "yesterday" in a message means nothing without it
+            return f"[{self.t_valid.date().isoformat()}] {self.name}"
         if self.kind is not VertexKind.THESIS:
             return self.text
         date = f"[{self.t_valid.date().isoformat()}] " if self.t_valid is not None else ""
@@ -222,8 +225,13 @@ class Triplet(BaseModel):
 
     @property
     def context(self) -> str:
-        """What the QA reader is shown (``Vertex.context`` for a statement)."""
-        return self.text if self.edge.kind is EdgeKind.RELATION else self.end.context
+        """What the QA reader is shown (``Vertex.context`` for a statement); a thesis with the message it came
+        from: "[2023-05-20] Mel ran a charity race (said: [2023-05-25] Mel: I ran a charity race last Saturday)"."""
+        if self.edge.kind is EdgeKind.RELATION:
+            return self.text
+        if self.edge.kind is EdgeKind.EPISODIC and self.start.kind is VertexKind.THESIS:
+            return f"{self.start.context} (said: {self.end.context})"
+        return self.end.context
 
 
 class Invalidation(BaseModel):

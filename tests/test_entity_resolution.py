@@ -27,6 +27,7 @@ from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import EdgeKind, VertexKind
 from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM
+from services.memorize.entities import _possessive_of
 from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
 from services.memorize.unmerge import NotAnAlias, unmerge
@@ -387,3 +388,9 @@ async def test_the_cli_unmerges_an_alias(
         ]
     finally:
         await store.close()
+
+
+def test_a_possessor_is_never_a_candidate_for_what_it_owns() -> None:
+    """ "Dana" is a speaker's object of every message since episodes hang from it; "Dana's mom" is someone else."""
+    assert _possessive_of("Dana", "Dana's mom") and _possessive_of("Dana\u2019s Mom", "dana")
+    assert not _possessive_of("Dan", "Dana's mom") and not _possessive_of("Rosalin", "Rosalind")

@@ -14,7 +14,7 @@ from schemas.events import ChatMessage, Document
 from services import ids
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
-from services.domain import ChangeSet, Vertex, VertexKind
+from services.domain import ChangeSet, EdgeKind, Vertex, VertexKind
 from services.llm.layers import RetryingLLM
 from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM, rule_extract, rule_resolve_check
 from services.memorize.service import MemorizeService
@@ -208,9 +208,11 @@ async def test_a_check_that_fails_its_controls_is_not_trusted(store, embedder) -
     (check,) = llm.calls_for("resolve_check")
     lines = check.messages[-1].content.splitlines()
     assert "Robin is looking forward to the jazz festival." in lines[0] and "Robin moved to Leeds." in lines[-2]
+    kept_before = resolve_check_count("updates_unconfirmed_kept")
     assert outcome.updates[0].theses_invalidated == 0
     assert (await store.stats("u1")).theses_valid == 2
     assert resolve_check_count("check_controls_failed") == before + 1
+    assert resolve_check_count("updates_unconfirmed_kept") == kept_before  # one reason, counted once
 
 
 async def test_a_trusted_check_that_agrees_lets_the_update_act(store, embedder) -> None:
@@ -229,6 +231,20 @@ async def test_a_failed_check_keeps_both(store, embedder) -> None:
     assert REGISTRY.get_sample_value("memstream_extraction_failures_total", {"reason": "resolve_check_failed"}) == (
         before + 1
     )
+
+
+async def test_no_check_is_asked_for_a_verdict_the_labels_keep_anyway(store, embedder) -> None:
+    """An opinion never ends a fact (``labels.decide``): its "updates" is kept whatever a check would say."""
+    llm = ScriptedLLM()
+    llm.queue("extract", reply(fact("Anna lives in Paris.", relation="lives in", obj="Paris")))
+    svc = service(store, llm, embedder)
+    await svc.memorize([msg(1, "I live in Paris.")])
+    opinion = fact("Anna lives in Berlin.", relation="lives in", obj="Berlin", kind="OPINION")
+    llm.queue("extract", reply(opinion))
+    llm.queue("resolve", verdicts("updates"))
+    outcome = await svc.memorize([msg(2, "I live in Berlin, I think.", at=T0 + timedelta(days=30))])
+    assert llm.calls_for("resolve") and llm.calls_for("resolve_check") == []
+    assert outcome.updates[0].theses_invalidated == 0 and outcome.updates[0].llm_calls == 2
 
 
 async def test_the_check_can_be_turned_off(store, embedder) -> None:
@@ -288,6 +304,9 @@ async def test_a_message_with_no_facts_says_why(store, embedder) -> None:
     assert episodes[ids.episode_id("u1", "m1")].props["no_facts"] == "all_dropped"  # the parrot is not in it
     assert episodes[ids.episode_id("u1", "m2")].props["no_facts"] == "none_listed"
     assert sample("memstream_memorize_no_facts_total", reason="all_dropped") == before + 1
+    # each message still hangs from the one who said it: retrievers reach and show it by its words
+    linked = await store.neighbors("u1", [ids.object_id("u1", "Ben")], [EdgeKind.EPISODIC])
+    assert [t.end.id for t in linked] == [ids.episode_id("u1", "m2")]
 
 
 async def test_a_message_the_model_skipped_is_asked_again(store, embedder) -> None:

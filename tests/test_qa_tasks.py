@@ -42,6 +42,7 @@ from services.qa.tasks import (
     substitute,
 )
 from services.qa.tasks.common import GROUNDING, clean_items
+from services.qa.tasks.enhance import EnhanceOutput
 from services.settings import Settings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qa_recorded"
@@ -243,3 +244,28 @@ async def test_real_model_fills_the_plan_with_found_names(real_llm: LLM) -> None
     )
     steps = (await run_task(real_llm, EnhanceTask(), inputs)).value
     assert any("Curtis Bernhardt" in s for s in steps) and any("Carl Boese" in s for s in steps)
+
+
+def test_enhancement_fills_in_descriptions_but_keeps_the_steps_subject() -> None:
+    """Found "Maya is Leo's sister", the default model rewrote "Where does Maya work now?" as "... Leo ...": refused
+    (the retry shows the model why); a description ("the author of Blue Nights") may become the name found."""
+    task = EnhanceTask()
+    swap = EnhanceInput(
+        question="Where does Maya work now?",
+        done=[Finding(query="Who is Maya?", answer="Maya is Leo's sister.")],
+        remaining=["Where does Maya work now?"],
+        max_steps=3,
+    )
+    with pytest.raises(TaskOutputError, match="about Maya"):
+        task.postprocess(EnhanceOutput(steps=["Where does Leo work now?"]), swap)
+    assert task.postprocess(EnhanceOutput(steps=["Where does Maya work in Denver now?"]), swap) == [
+        "Where does Maya work in Denver now?"
+    ]
+    fill = EnhanceInput(
+        question="Where was the author of Blue Nights born?",
+        done=[Finding(query="Who is the author of Blue Nights?", answer="Joan Didion.")],
+        remaining=["Where was the author of Blue Nights born?", "Is Maya's brother a doctor?"],
+        max_steps=3,
+    )
+    steps = ["Where was Joan Didion born?", "Is Leo a doctor?"]
+    assert task.postprocess(EnhanceOutput(steps=steps), fill) == steps

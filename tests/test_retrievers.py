@@ -311,6 +311,37 @@ async def test_episodes_only_when_asked(store: SqliteMemoryStore) -> None:
     assert any(t.end.kind is VertexKind.EPISODIC for t in wide)
 
 
+WITH_EPISODES = frozenset({VertexKind.OBJECT, VertexKind.THESIS, VertexKind.EPISODIC})
+
+
+async def test_flat_with_episodes_shows_each_message_once_with_its_thesis(store: SqliteMemoryStore) -> None:
+    """Ranked by thesis or message, whichever is nearer: a thesis is shown with the message it came from, a
+    message extraction kept nothing of is found by its words, and the two never take two slots."""
+    g = Graph("alice")
+    said = datetime(2023, 5, 25, tzinfo=UTC)
+    race = g.episode("Mel: I ran a charity race last Saturday", ["Mel"], 0.5)
+    g.vertices[race] = g.vertices[race].model_copy(update={"t_valid": said})
+    tid = g.thesis("Mel ran a charity race", ["Mel"], 0.95, t_valid=datetime(2023, 5, 20, tzinfo=UTC))
+    link = edge_id("alice", "episodic", tid, "episodic", race)
+    g.edges[link] = Edge(id=link, user_id="alice", kind=EdgeKind.EPISODIC, source=tid, target=race, relation="episodic")
+    g.episode("Mel: self-care matters, I realized", ["Mel"], 0.9)  # no thesis: the model kept nothing of it
+    g.rel("Mel", "ran", "charity race", 0.99)  # restates the thesis: left out when messages are shown
+    g.thesis("Mel likes tea", ["Mel"], 0.1)  # a thesis with no message (hand-written): shown from its object
+    await g.save(store)
+    flat = get_retriever("flat", store, store)
+
+    got = await flat.retrieve(request("alice", [], budget=3, context_kinds=WITH_EPISODES))
+
+    assert [t.context for t in got] == [
+        "[2023-05-20] Mel ran a charity race (said: [2023-05-25] Mel: I ran a charity race last Saturday)",
+        "Mel: self-care matters, I realized",
+        "Mel likes tea",
+    ]
+    without = await flat.retrieve(request("alice", [], budget=3))
+    assert texts(without)[0] == "Mel ran charity race"  # theses and relations only, as before
+    assert not any(t.end.kind is VertexKind.EPISODIC for t in without)
+
+
 async def test_aliases_bridge_a_split_entity(store: SqliteMemoryStore) -> None:
     """'Henri Lepage' and 'Henri Lepage (director)' are one person stored under two names."""
     g = Graph("alice")

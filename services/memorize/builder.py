@@ -317,6 +317,12 @@ class ChangeSetBuilder:
         if found is None:
             return []
         touched: set[str] = set()
+        # Who said it (a chat speaker) or what it is about (a document's title) is an object of every episode, so
+        # each message stays reachable from, and shown beside, a vertex even when extraction kept no fact of it:
+        # what the model missed is still found in the words said.
+        author = src.props.get("speaker") or src.props.get("title")
+        if author and author.strip():
+            touched.add(self._object(author, src).id)
         thesis_ids: list[str] = []
         for n, fact in enumerate(found.facts):
             for alias in (fact.subject_alias, fact.object_alias):

@@ -185,7 +185,7 @@ class EntityResolver:
                 if other != key:
                     target = _Target(f"n:{other}", new[other], ids.object_id(user_id, new[other]), False)
                     options.append(_pair(key, new[key], target, new[other], _cosine(vectors[key], vectors[other])))
-            options = [p for p in options if p.clear or self._candidate(p)]
+            options = [p for p in options if p.clear or (self._candidate(p) and not _possessive_of(p.said, p.shown))]
             options.sort(key=lambda p: (not p.clear, -p.rank, p.target.key))
             best: dict[str, _Pair] = {}
             for option in options:
@@ -252,6 +252,12 @@ def _names(found: list[ItemFacts]) -> tuple[dict[str, str], dict[str, str]]:
                     said.setdefault(key, " ".join(name.split()))
                     context.setdefault(key, fact.text)
     return said, context
+
+
+def _possessive_of(a: str, b: str) -> bool:
+    """One name is the other's possessor ("Dana" / "Dana's mom"): by its words never the same entity."""
+    x, y = (" ".join(ids.normalize_name(n).replace("\u2019", "'").split()) for n in (a, b))
+    return bool(x and y) and (y.startswith(x + "'s ") or x.startswith(y + "'s "))
 
 
 def _pair(key: str, said: str, target: _Target, shown: str, similarity: float) -> _Pair:

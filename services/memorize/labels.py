@@ -72,3 +72,11 @@ def decide(verdict: str, new: Side, old: Side) -> Outcome:
     if ending.temporal is TemporalLabel.STATIC and ending.kind is EpisodeLabel.FACT and not ending.in_conflict:
         return Outcome.CONFLICT
     return Outcome.SUPERSEDE
+
+
+def may_act(verdict: str, new_kind: EpisodeLabel, new_holder: str, old_kind: EpisodeLabel, old_holder: str) -> bool:
+    """Whether ``decide`` could do anything but keep both on this verdict: keeping depends only on the verdict, the
+    kinds and the holders (never on times or marks), so a verdict the labels keep anyway needs no confirming."""
+    times = TemporalLabel.DYNAMIC  # any: no rule that keeps reads it
+    new, old = Side(new_kind, times, new_holder, None), Side(old_kind, times, old_holder, None)
+    return decide(verdict, new, old) is not Outcome.KEEP

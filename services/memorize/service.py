@@ -17,7 +17,16 @@ from typing import TypeVar
 from schemas.events import ChatMessage, DeadLetter, Document, MemoryUpdate
 from services import ids, metrics
 from services.backends import BackendUnavailable
-from services.domain import Announcement, ChangeSet, EdgeKind, EpisodeLabel, Vertex, VertexKind, thesis_marks
+from services.domain import (
+    HOLDER,
+    Announcement,
+    ChangeSet,
+    EdgeKind,
+    EpisodeLabel,
+    Vertex,
+    VertexKind,
+    thesis_marks,
+)
 from services.llm.layers import TRANSIENT_ERRORS, attempts_made
 from services.llm.scope import llm_scope
 from services.llm.task import TaskFailed, run_task
@@ -26,6 +35,7 @@ from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis
 from services.memorize.chunking import chunk_text
 from services.memorize.entities import EntityResolver
 from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts
+from services.memorize.labels import may_act
 from services.memorize.resolve import Pair, ResolveTask
 from services.memorize.resolve_check import CheckTask
 from services.ports import LLM, AnnouncementLog, Embedder, MemoryStore, VectorItem
@@ -53,6 +63,16 @@ class _Unit:
     event: MemoryEvent
     source: Source
     item: Item
+
+
+def _may_act(verdict: str, fact: Fact, old: Vertex) -> bool:
+    """Whether the label policy could act on ``verdict`` for this pair (``labels.may_act``): the holder of an
+    opinion or prediction is its subject, as the builder records it."""
+    new_kind = EpisodeLabel(fact.kind)
+    stances = (EpisodeLabel.OPINION, EpisodeLabel.PREDICTION)
+    new_holder = fact.subject if new_kind in stances else ""
+    old_kind = old.episode_label or EpisodeLabel.FACT
+    return may_act(verdict, new_kind, new_holder, old_kind, old.props.get(HOLDER, ""))
 
 
 def _units(event: MemoryEvent, chunk_chars: int) -> list[_Unit]:
@@ -398,7 +418,12 @@ class MemorizeService:
         verdicts = [
             _trusted(v, (u, f, old.id) in by_meaning) for (u, f, old), v in zip(pairs, result.value, strict=True)
         ]
-        verdicts, check_calls = await self._check(user_id, task_input, verdicts)
+        acting = [
+            n
+            for n, ((u, f, old), v) in enumerate(zip(pairs, verdicts, strict=True))
+            if v in ("updates", "refutes") and _may_act(v, found[u].facts[f], old)
+        ]
+        verdicts, check_calls = await self._check(user_id, task_input, verdicts, acting)
         judged = [(p, v) for p, v in zip(pairs, verdicts, strict=True) if v not in ("same", "compatible")]
         # the theses the judged ones are marked against: ending one takes its mark off them
         marked = {m.id for (_, _, old), _ in judged for m in thesis_marks(old.props)}
@@ -414,11 +439,13 @@ class MemorizeService:
                 replaced.setdefault(unit_n, []).append((fact_n, ref))
         return same_as, replaced, result.calls + check_calls
 
-    async def _check(self, user_id: str, pairs: list[Pair], verdicts: list[str]) -> tuple[list[str], int]:
-        """The verdicts that would end or refute a known thesis, asked again the other way round (could one person
-        say both?, ``resolve_check``, between two control pairs): one the check does not confirm, or confirms in a
-        call whose controls were answered wrong, keeps both; counted apart so it shows."""
-        acting = [n for n, v in enumerate(verdicts) if v in ("updates", "refutes")]
+    async def _check(
+        self, user_id: str, pairs: list[Pair], verdicts: list[str], acting: list[int]
+    ) -> tuple[list[str], int]:
+        """The verdicts that would end, mark or refute a known thesis (``acting``: those the label policy does not
+        keep anyway), asked again the other way round (could one person say both?, ``resolve_check``, between two
+        control pairs): one the check does not confirm, or confirms in a call whose controls were answered wrong,
+        or a failed call, keeps both; each reason counted once, apart, so it shows."""
         if not acting or not self.settings.resolve_check:
             return verdicts, 0
         try:
@@ -433,14 +460,18 @@ class MemorizeService:
             stands, calls = [False] * len(acting), getattr(exc, "attempts", 1)
         else:
             checked_out, calls = result.value, result.calls
-            stands = checked_out.not_both if checked_out.trusted else [False] * len(acting)
-            if not checked_out.trusted:
+            if checked_out.trusted:
+                stands = checked_out.not_both
+                for n, confirmed in zip(acting, stands, strict=True):
+                    if not confirmed:  # the check says one person could say both
+                        metrics.RESOLVE_VERDICTS.labels(f"{verdicts[n]}_unconfirmed_kept").inc()
+            else:
                 # the model answered a control pair wrong: in this call it could not tell the two kinds apart
                 metrics.RESOLVE_VERDICTS.labels("check_controls_failed").inc(len(acting))
+                stands = [False] * len(acting)
         checked = list(verdicts)
         for n, confirmed in zip(acting, stands, strict=True):
             if not confirmed:
-                metrics.RESOLVE_VERDICTS.labels(f"{verdicts[n]}_unconfirmed_kept").inc()
                 checked[n] = "compatible"
         return checked, calls
 

@@ -16,7 +16,10 @@ log = get_logger(__name__)
 
 class FlatParams(Params):
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
-    kinds: list[str] = Field(default_factory=lambda: ["triplet", "thesis"], description="indexed kinds searched")
+    kinds: list[str] = Field(
+        default_factory=lambda: ["triplet", "thesis", "episodic"],
+        description="indexed kinds searched (thesis and episodic only where the request asks for them)",
+    )
     overfetch: int = Field(default=3, ge=1, description="hits fetched per budget slot (invalid ones are dropped)")
 
 
@@ -35,13 +38,39 @@ async def vertex_triplets(scope: Scope, vertex_ids: list[str]) -> dict[str, Trip
     return out
 
 
+async def episode_triplets(scope: Scope, vertex_ids: list[str]) -> dict[str, Triplet]:
+    """The triplet that shows each thesis with the message it came from (thesis -> episode), and each episode
+    (object -> episode, preferring one from a thesis): ranked by either, one item per message."""
+    if not vertex_ids:
+        return {}
+    wanted = set(vertex_ids)
+    out: dict[str, Triplet] = {}
+    for t in await scope.neighbors(vertex_ids, kinds=[EdgeKind.EPISODIC]):
+        if t.end.kind is not VertexKind.EPISODIC:
+            continue
+        if t.start.id in wanted and t.start.kind is VertexKind.THESIS:
+            out.setdefault(t.start.id, t)  # the thesis's first source; a repeat's later ones are alike
+        if t.end.id in wanted:
+            prev = out.get(t.end.id)
+            if prev is None or (prev.start.kind is not VertexKind.THESIS and t.start.kind is VertexKind.THESIS):
+                out[t.end.id] = t
+    return out
+
+
 class Flat(GraphRetriever):
     name = "flat"
     params_model = FlatParams
 
     async def rank(self, scope: Scope, params: FlatParams) -> list[Triplet]:
         request = scope.request
-        kinds = [k for k in params.kinds if k == "triplet" or VertexKind(k) in request.context_kinds]
+        episodic = VertexKind.EPISODIC in request.context_kinds
+        # With the messages in context, relation triplets are left out: each restates a thesis, whose message is
+        # shown with it (LoCoMo evidence recall@10 0.636 with them, 0.694 without; docs/evaluation.md).
+        kinds = [
+            k
+            for k in params.kinds
+            if (k == "triplet" and not episodic) or (k != "triplet" and VertexKind(k) in request.context_kinds)
+        ]
         if not kinds:
             return []
         vector = None if params.mode == "lexical" else (await scope.query_vector()).tolist()
@@ -50,6 +79,10 @@ class Flat(GraphRetriever):
         hits = await scope.vectors.search(scope.user_id, kinds, vector, text, k=request.budget * params.overfetch)
         ids = [h.id for h in hits]
         vertices = await scope.graph.get_vertices(scope.user_id, ids)
-        shown = await vertex_triplets(scope, [i for i in ids if i in vertices])
+        found = [i for i in ids if i in vertices]
+        # a thesis and its message are one item: whichever ranks first shows both (``Triplet.context``)
+        shown = await episode_triplets(scope, found) if episodic else {}
+        # a thesis with no message (written by hand or from a graph import) is shown from its object
+        shown = await vertex_triplets(scope, [i for i in found if i not in shown]) | shown
         edges = await scope.graph.get_triplets(scope.user_id, [i for i in ids if i not in vertices])
         return [t for i in ids if (t := shown.get(i) or edges.get(i)) is not None]

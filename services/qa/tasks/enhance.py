@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, Field
 
 from services.ids import normalize_text
+from services.llm.task import TaskOutputError
 from services.qa.tasks.common import ListOutput, PromptTask, clean_items, numbered
 from services.qa.tasks.summarise import Finding, findings_block
+
+#: a name: capitalised words in a row ("Blue Nights", "St. Mary's"), after the step's first word
+_NAME = re.compile(r"(?<!^)(?<![.?!] )\b[A-Z][\w'\u2019.-]*(?: [A-Z][\w'\u2019.-]*)*")
+#: a name in a description of something else ("the author of Blue Nights", "Maya's brother", "written by X"):
+#: filling in what was found may replace the whole description, the name with it
+_DESCRIBED = re.compile(r"\b(?:of|by|for|from|to|with)\s+$", re.IGNORECASE)
+
+
+def subjects(step: str) -> set[str]:
+    """The names a step asks about directly ("Where does Maya work now?" -> Maya), not inside a description."""
+    out = set()
+    for match in _NAME.finditer(step):
+        name = match.group(0).rstrip(".")
+        possessive = name.endswith(("'s", "\u2019s"))
+        if not possessive and not _DESCRIBED.search(step[: match.start()]):
+            out.add(name)
+    return out
 
 
 class EnhanceInput(BaseModel):
@@ -50,5 +70,11 @@ class EnhanceTask(PromptTask[EnhanceOutput, list[str]]):
 
     def postprocess(self, output: EnhanceOutput, inputs: EnhanceInput) -> list[str]:
         done = {normalize_text(f.query) for f in inputs.done}
-        steps = [s for s in clean_items(output.steps) if normalize_text(s) not in done]
-        return steps[: inputs.max_steps]
+        steps = [s for s in clean_items(output.steps) if normalize_text(s) not in done][: inputs.max_steps]
+        # A step about Maya stays about Maya: found "Maya is Leo's sister", a small model rewrote "Where does Maya
+        # work now?" as "Where does Leo work now?" and answered for Leo. Only a description is filled in.
+        said = normalize_text(" ".join(steps))
+        lost = sorted(n for s in inputs.remaining for n in subjects(s) if normalize_text(n) not in said)
+        if steps and lost:
+            raise TaskOutputError(f"the steps are about {', '.join(lost)}: keep that name, fill in only descriptions")
+        return steps
