@@ -9,7 +9,6 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
-from services.memorize.resolve_check import CONTROL_HOLDS
 from services.ports import LLM, LLMRequest, LLMResponse
 
 Responder = Callable[[LLMRequest], str | dict[str, Any]]
@@ -125,14 +124,11 @@ def rule_resolve(request: LLMRequest) -> dict[str, Any]:
 
 
 def rule_resolve_check(request: LLMRequest) -> dict[str, Any]:
-    """Stand-in for the ``resolve_check`` task: answers its control pairs right and agrees with every verdict it is
-    asked about ("not_both"), so that a script's ``resolve`` verdicts act as written."""
-    return {
-        "pairs": [
-            {"p": int(n), "verdict": "both_true" if new == CONTROL_HOLDS.new else "not_both"}
-            for n, new, _ in _PAIR.findall(request.messages[-1].content)
-        ]
-    }
+    """Stand-in for the ``resolve_check`` task: answers its control pairs right (the task's contract: the pair that
+    holds together comes first, the one that does not last) and agrees with every verdict it is asked about
+    ("not_both"), so that a script's ``resolve`` verdicts act as written."""
+    numbers = [int(n) for n, _, _ in _PAIR.findall(request.messages[-1].content)]
+    return {"pairs": [{"p": n, "verdict": "both_true" if n == min(numbers) else "not_both"} for n in numbers]}
 
 
 _NAMES = re.compile(r'^\[(\d+)\] A: "(.*)" \(.*\)\n\s+B: "(.*)" \(.*\)$', re.MULTILINE)
