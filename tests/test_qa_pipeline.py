@@ -277,7 +277,9 @@ def make_qa(
             else get_retriever(name, store, store, embedder)
         )
 
-    return PlanningQA(store, store, embedder, llm, retrievers, QAConfig(**config))
+    # these graphs are built for a walk from the matched seeds: the walk, not the default flat search, is pinned
+    walk: dict[str, Any] = {"retriever": "beamsearch", "episodic_context": False}
+    return PlanningQA(store, store, embedder, llm, retrievers, QAConfig(**(walk | config)))
 
 
 @pytest.fixture
@@ -543,7 +545,9 @@ async def test_options_override_config(films: SqliteMemoryStore, embedder: MiniL
         return get_retriever(name, films, films, embedder)
 
     events = Events()
-    qa = PlanningQA(films, films, embedder, llm, retrievers, QAConfig(max_steps=2))
+    qa = PlanningQA(
+        films, films, embedder, llm, retrievers, QAConfig(retriever="beamsearch", episodic_context=False, max_steps=2)
+    )
     q = query(PAYMENT_Q, decomposition=False, retriever="watercircles", max_clue_queries=1, max_steps=3)
     await qa.answer(q, events)
     await qa.answer(q)

@@ -185,8 +185,10 @@ def test_substitute_and_mention() -> None:
 def test_config_overrides_and_limits() -> None:
     config = QAConfig()
     assert (config.max_steps, config.max_clue_queries, config.matches_per_entity) == (5, 4, 3)
-    assert (config.retriever, config.plan_enhancement, config.decomposition) == ("beamsearch", True, True)
-    assert (config.episodic_context, config.budget) == (False, 20)
+    assert (config.retriever, config.plan_enhancement, config.decomposition) == ("flat", True, True)
+    assert (config.episodic_context, config.budget) == (True, 20)
+    defaults = QAConfig.from_settings(Settings())
+    assert (defaults.retriever, defaults.episodic_context) == (config.retriever, config.episodic_context)
     assert config.for_query(QueryOptions()) is config
     changed = config.for_query(QueryOptions(retriever="flat", plan_enhancement=False, max_clue_queries=8))
     assert (changed.retriever, changed.plan_enhancement, changed.max_clue_queries) == ("flat", False, 8)

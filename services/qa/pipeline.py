@@ -81,11 +81,14 @@ class QAConfig(BaseModel):
     max_steps: int = Field(default=5, ge=1, le=12, description="search steps per sub-question")
     max_clue_queries: int = Field(default=4, ge=1, le=8, description="clue-queries per step")
     matches_per_entity: int = Field(default=3, ge=1, le=10)
-    retriever: str = "beamsearch"
+    # one default for both: the settings' (from_settings is the production path; tests build QAConfig directly)
+    retriever: str = Settings.model_fields["qa_retriever"].default
     retriever_params: dict[str, Any] = Field(default_factory=dict)
     plan_enhancement: bool = True
     decomposition: bool = True
-    episodic_context: bool = Field(default=False, description="show episodic texts to the LLM")
+    episodic_context: bool = Field(
+        default=Settings.model_fields["qa_episodic_context"].default, description="show the messages to the LLM"
+    )
     budget: int = Field(default=20, ge=1, description="triplets per traversal")
     llm_concurrency: int = Field(default=2, ge=1, description="LLM calls in flight, over all queries")
     task_attempts: int = Field(default=3, ge=1, description="tries per LLM task on invalid output")
