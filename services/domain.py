@@ -58,6 +58,8 @@ MARK_PARTNER = {
     Mark.REFUTES: Mark.REFUTED_BY,
 }
 MARKS = "marks"  # thesis prop: its marks (JSON), see ``thesis_marks``
+#: characters of a message shown beside a thesis that came from it (a chat turn whole, a document chunk's opening)
+SAID_CHARS = 400
 HOLDER = "holder"  # thesis prop of an OPINION or PREDICTION: who thinks or expects it
 
 
@@ -230,7 +232,10 @@ class Triplet(BaseModel):
         if self.edge.kind is EdgeKind.RELATION:
             return self.text
         if self.edge.kind is EdgeKind.EPISODIC and self.start.kind is VertexKind.THESIS:
-            return f"{self.start.context} (said: {self.end.context})"
+            said = self.end.context
+            if len(said) > SAID_CHARS:  # a document chunk: its opening, so that a context of them fits the window
+                said = said[:SAID_CHARS].rsplit(" ", 1)[0] + " …"
+            return f"{self.start.context} (said: {said})"
         return self.end.context
 
 

@@ -454,3 +454,13 @@ async def test_two_hop_chain_with_the_real_embedder(tmp_path: Path, minilm: Mini
             got = texts(await get_retriever(name, store, store, minilm).retrieve(req))
             assert "Lothair II mother Ermengarde of Tours" in got, (name, got)
             assert "Ermengarde of Tours date of death 20 March 851" in got, (name, got)
+
+
+def test_a_long_message_beside_its_thesis_is_cut_to_its_opening() -> None:
+    said = datetime(2023, 5, 25, tzinfo=UTC)
+    thesis = Vertex(id="t1", user_id="a", kind=VertexKind.THESIS, name="Mel ran a race", t_valid=said)
+    chunk = Vertex(id="e1", user_id="a", kind=VertexKind.EPISODIC, name="word " * 400, t_valid=said)
+    edge = Edge(id="x", user_id="a", kind=EdgeKind.EPISODIC, source="t1", target="e1", relation="episodic")
+    shown = Triplet(start=thesis, edge=edge, end=chunk).context
+    assert shown.startswith("[2023-05-25] Mel ran a race (said: [2023-05-25] word word")
+    assert shown.endswith(" …)") and len(shown) < 500
