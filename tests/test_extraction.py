@@ -345,3 +345,19 @@ def test_a_message_s_opening_words_pass_over_a_greeting_to_what_it_tells() -> No
     # nothing but pleasantries: the message's own first words
     assert _opening("Hey Mel! Good to see you! How have you been?") == "Hey Mel! Good to see"
     assert _opening("I moved to Berlin last week.") == "I moved to Berlin last"
+
+
+def test_a_document_calling_itself_document_is_its_title() -> None:
+    """The input labels a chunk 'document "Title"'; a small model wrote "document has the potential to ..."."""
+    title = "The Future of Autonomous Vehicles"
+    text = "Autonomous vehicles have the potential to revolutionize transportation by increasing safety."
+    titled = ExtractionInput(items=[Item(title, text, T, document=True)])
+    said = "document has the potential to revolutionize transportation by increasing safety."
+    out = {"messages": [{"m": 1, "facts": [fact("document", said)]}]}
+    got = ExtractTask().parse(json.dumps(out), titled)[0].facts[0]
+    assert (got.subject, got.text) == (
+        title,
+        f"{title} has the potential to revolutionize transportation by increasing safety.",
+    )
+    untitled = ExtractionInput(items=[Item(None, text, T, document=True)])
+    assert ExtractTask().parse(json.dumps(out), untitled)[0].facts == []  # no title: nothing it could mean

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 _FIRST = {"i", "me", "my", "mine", "myself", "speaker", "the speaker"}
 _SECOND = {"you", "your", "yours", "yourself", "listener"}
+# a document's own name for itself: the input labels a chunk "document" and a small model makes that the subject
+# ("document has the potential to revolutionize transportation"); the title is what it means
+_DOCUMENT = re.compile(r"^(?:the |this )?(?:document|text|essay|article|passage)\b", re.IGNORECASE)
 _NOTHING = {"", "unknown", "none", "n/a", "na", "null", "nothing", "something", "someone", "it", "this", "that"}
 _WORD = re.compile(r"[a-z0-9]+")
 # words that carry no content: a fact must share something beyond these (and names) with its message
@@ -119,7 +122,12 @@ def check_fact(
     subject = subject.strip()
     text = " ".join(fact.split())
     key = subject.casefold()
-    if key in _FIRST:
+    if item.document and _DOCUMENT.fullmatch(subject):
+        if not item.speaker:
+            return "subject_pronoun"
+        text = _DOCUMENT.sub(lambda _: item.speaker or "", text, count=1)
+        subject = item.speaker
+    elif key in _FIRST:
         if speaker is None:
             return "subject_pronoun"
         subject = speaker
