@@ -716,3 +716,26 @@ async def test_clues_with_the_same_memory_are_read_once(films: SqliteMemoryStore
     assert not llm.calls_for("step_answer")  # three equal findings need no summary
     clue_stage = [e for e in events.of(8) if e.clue_query_id]
     assert sorted(e.status.value for e in clue_stage) == ["ok", "skipped", "skipped"]
+
+
+async def test_a_step_that_asks_the_question_itself_gives_the_answer(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    """Sufficiency over several findings answered with an earlier, unrelated one (the default model, in a new-user
+    trial: "Who is Maya?" for "Where does Maya work now?"); the step that asked the question itself wins."""
+    question = "What country is Curtis Bernhardt from?"
+    reader = Reader(
+        {n for s, _, o in FILMS for n in (s, o)},
+        plan=lambda q: ["Who is the director of the film Payment On Demand?", q],
+    )
+    responders = reader.responders()
+
+    def first_finding(request: LLMRequest) -> dict[str, Any]:
+        found = answers_of(block(last(request), "Findings"))
+        return {"sufficient": len(found) >= 2, "answer": found[0] if found else ""}
+
+    responders["sufficiency"] = first_finding
+    events = Events()
+    answer = await make_qa(films, embedder, ScriptedLLM(responders)).answer(query(question), events)
+    assert answer.answer == "Curtis Bernhardt country of citizenship Germany"
+    assert events.of(9)[-1].detail["answer_of_step"] == answer.plan[1].id
