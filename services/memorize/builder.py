@@ -216,6 +216,13 @@ def valid_from_props(props: Mapping[str, str], kind: str, said_at: datetime) -> 
     return validity(when, kind, said_at)
 
 
+def holder_of(fact: Fact) -> str:
+    """Who thinks or expects an opinion or a prediction ("" for a fact): its subject, as extraction names it
+    (first-person facts: the speaker). An opinion is superseded only by its holder's later one, and the reader
+    says whose it is."""
+    return fact.subject if fact.kind in (EpisodeLabel.OPINION.value, EpisodeLabel.PREDICTION.value) else ""
+
+
 class ChangeSetBuilder:
     def __init__(self, user_id: str, change_set_id: str, event_ids: list[str]) -> None:
         self.cs = ChangeSet(id=change_set_id, user_id=user_id, event_ids=event_ids)
@@ -355,10 +362,8 @@ class ChangeSetBuilder:
     def _thesis(self, fact: Fact, src: Source) -> Vertex:
         text = thesis_text(fact)
         props = {"event_id": src.event_id, "subject": fact.subject}
-        if fact.kind in (EpisodeLabel.OPINION.value, EpisodeLabel.PREDICTION.value):
-            # who thinks or expects it: an opinion is superseded only by its holder's later one, and the reader
-            # says whose it is; the subject, as extraction names it (first-person facts: the speaker)
-            props[HOLDER] = fact.subject
+        if holder := holder_of(fact):
+            props[HOLDER] = holder
         if fact.object and fact.relation:
             # what a later fact is compared with: same subject and relation, another object may replace it
             props |= {"relation": ids.normalize_text(fact.relation), "object": fact.object}

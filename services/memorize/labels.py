@@ -52,31 +52,28 @@ def _earlier(new: Side, old: Side) -> Side:
     return old
 
 
-def decide(verdict: str, new: Side, old: Side) -> Outcome:
+def keeps(verdict: str, new_kind: EpisodeLabel, new_holder: str, old_kind: EpisodeLabel, old_holder: str) -> bool:
+    """Whether a verdict leaves both theses as they are. It reads only the verdict, the kinds and the holders (never
+    times or marks), so memorize asks it before paying for a check of a verdict that would change nothing."""
     if verdict in ("confirms", "refutes"):
-        if old.kind is not EpisodeLabel.PREDICTION:
-            return Outcome.KEEP
-        return Outcome.CONFIRM if verdict == "confirms" else Outcome.REFUTE
+        return old_kind is not EpisodeLabel.PREDICTION
     if verdict != "updates":
-        return Outcome.KEEP
+        return True
     opinion = EpisodeLabel.OPINION
-    if opinion in (new.kind, old.kind):
-        same_holder = ids.normalize_name(new.holder) == ids.normalize_name(old.holder)
-        if not (new.kind is old.kind is opinion and same_holder and new.holder):
-            return Outcome.KEEP
-    elif new.kind is EpisodeLabel.PREDICTION and old.kind is not EpisodeLabel.PREDICTION:
+    if opinion in (new_kind, old_kind):
+        same_holder = ids.normalize_name(new_holder) == ids.normalize_name(old_holder)
+        return not (new_kind is old_kind is opinion and same_holder and new_holder)
+    return new_kind is EpisodeLabel.PREDICTION and old_kind is not EpisodeLabel.PREDICTION
+
+
+def decide(verdict: str, new: Side, old: Side) -> Outcome:
+    if keeps(verdict, new.kind, new.holder, old.kind, old.holder):
         return Outcome.KEEP
+    if verdict in ("confirms", "refutes"):
+        return Outcome.CONFIRM if verdict == "confirms" else Outcome.REFUTE
     ending = _earlier(new, old)
     if ending.temporal is TemporalLabel.ATEMPORAL:
         return Outcome.CONFLICT
     if ending.temporal is TemporalLabel.STATIC and ending.kind is EpisodeLabel.FACT and not ending.in_conflict:
         return Outcome.CONFLICT
     return Outcome.SUPERSEDE
-
-
-def may_act(verdict: str, new_kind: EpisodeLabel, new_holder: str, old_kind: EpisodeLabel, old_holder: str) -> bool:
-    """Whether ``decide`` could do anything but keep both on this verdict: keeping depends only on the verdict, the
-    kinds and the holders (never on times or marks), so a verdict the labels keep anyway needs no confirming."""
-    times = TemporalLabel.DYNAMIC  # any: no rule that keeps reads it
-    new, old = Side(new_kind, times, new_holder, None), Side(old_kind, times, old_holder, None)
-    return decide(verdict, new, old) is not Outcome.KEEP

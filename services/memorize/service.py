@@ -31,11 +31,11 @@ from services.llm.layers import TRANSIENT_ERRORS, attempts_made
 from services.llm.scope import llm_scope
 from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
-from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, thesis_text, validity
+from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, holder_of, thesis_text, validity
 from services.memorize.chunking import chunk_text
 from services.memorize.entities import EntityResolver
 from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts
-from services.memorize.labels import may_act
+from services.memorize.labels import keeps
 from services.memorize.resolve import Pair, ResolveTask
 from services.memorize.resolve_check import CheckTask
 from services.ports import LLM, AnnouncementLog, Embedder, MemoryStore, VectorItem
@@ -65,14 +65,10 @@ class _Unit:
     item: Item
 
 
-def _may_act(verdict: str, fact: Fact, old: Vertex) -> bool:
-    """Whether the label policy could act on ``verdict`` for this pair (``labels.may_act``): the holder of an
-    opinion or prediction is its subject, as the builder records it."""
-    new_kind = EpisodeLabel(fact.kind)
-    stances = (EpisodeLabel.OPINION, EpisodeLabel.PREDICTION)
-    new_holder = fact.subject if new_kind in stances else ""
+def _keeps(verdict: str, fact: Fact, old: Vertex) -> bool:
+    """Whether the label policy keeps both on ``verdict`` for this pair whatever a check says (``labels.keeps``)."""
     old_kind = old.episode_label or EpisodeLabel.FACT
-    return may_act(verdict, new_kind, new_holder, old_kind, old.props.get(HOLDER, ""))
+    return keeps(verdict, EpisodeLabel(fact.kind), holder_of(fact), old_kind, old.props.get(HOLDER, ""))
 
 
 def _units(event: MemoryEvent, chunk_chars: int) -> list[_Unit]:
@@ -421,7 +417,7 @@ class MemorizeService:
         acting = [
             n
             for n, ((u, f, old), v) in enumerate(zip(pairs, verdicts, strict=True))
-            if v in ("updates", "refutes") and _may_act(v, found[u].facts[f], old)
+            if v in ("updates", "refutes") and not _keeps(v, found[u].facts[f], old)
         ]
         verdicts, check_calls = await self._check(user_id, task_input, verdicts, acting)
         judged = [(p, v) for p, v in zip(pairs, verdicts, strict=True) if v not in ("same", "compatible")]
