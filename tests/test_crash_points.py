@@ -51,11 +51,20 @@ class Faults:
     at: int = 1
     seen: Counter[str] = field(default_factory=Counter)
     crashed_change_set: ChangeSet | None = None
+    progress: asyncio.Event = field(default_factory=asyncio.Event)
 
     def hit(self, point: str) -> None:
         self.seen[point] += 1
+        self.progress.set()
         if point == self.point and self.seen[point] == self.at:
             raise Crash(point)
+
+    async def reached(self, point: str, times: int, deadline_s: float = 60.0) -> None:
+        """Return once ``point`` was hit ``times`` times (a condition, not a sleep)."""
+        async with asyncio.timeout(deadline_s):
+            while self.seen[point] < times:
+                self.progress.clear()
+                await self.progress.wait()
 
 
 class FaultyStore(SqliteMemoryStore):
@@ -131,7 +140,7 @@ class World:
         faults = faults or Faults()
         store = await FaultyStore.open(self.path, dim=self.embedder.dim)
         store.faults = faults
-        service = MemorizeService(store, rule_based_llm(), self.embedder, self.settings)
+        service = MemorizeService(store.stores(), rule_based_llm(), self.embedder, self.settings)
         return store, MemorizeHandler(service, Broker(self.topics, self.sent, faults), self.topics)
 
     def updates(self) -> list[bytes]:
@@ -264,12 +273,20 @@ async def test_a_rebalance_that_hands_a_batch_to_a_second_worker_while_the_first
     """Worker A lost its partitions mid-batch (its offset commit fails); B got them and redelivers the batch while
     A finishes it (or crashes doing so), both over the same store."""
     world = make_world(tmp_path, embedder, "rebalance")
-    store_a, worker_a = await world.open(Faults(zombie_crashes, at=4))  # its first batch wrote three change sets
+    faults_a = Faults(zombie_crashes, at=4)  # its first batch wrote three change sets
+    store_a, worker_a = await world.open(faults_a)
     store_b, worker_b = await world.open()
     await worker_a.handle(world.records[:8])  # A's first batch, committed
     world.committed = 8
     batch = world.records[8:16]
-    outcomes = await asyncio.gather(worker_a.handle(batch), worker_b.handle(batch), return_exceptions=True)
+
+    async def redelivered() -> None:
+        # B starts once A has written the batch's first change set and not yet announced it: otherwise B may apply
+        # and announce the whole batch before A gets that far, and A has nothing left to crash in
+        await faults_a.reached("after_write", 4)
+        await worker_b.handle(batch)
+
+    outcomes = await asyncio.gather(worker_a.handle(batch), redelivered(), return_exceptions=True)
     assert outcomes[1] is None and (zombie_crashes is None) == (outcomes[0] is None)
     await store_a.close()
     await world.consume(worker_b, 6)  # B goes on from the last commit A made: the batch comes a third time
