@@ -32,14 +32,14 @@ sys.path.insert(0, str(ROOT))
 
 from memstream.broker import EmbeddedBroker, free_port  # noqa: E402
 from memstream.runtime import child_env  # noqa: E402
-from services.gateway.client import bearer  # noqa: E402
-from services.gateway.keys import create_key  # noqa: E402
 from services.settings import Settings  # noqa: E402
+from streams.gateway.client import bearer  # noqa: E402
+from streams.gateway.keys import create_key  # noqa: E402
 
 
 def serve(bootstrap: str, port: int, outbox: bool) -> None:
     """The gateway process; without the outbox, ``Outbox.add`` returns at once."""
-    from services.gateway.server import serve_gateway
+    from streams.gateway.server import serve_gateway
     from streams.outbox import Outbox
 
     if not outbox:

@@ -63,13 +63,13 @@ from memstream.runtime import child_env  # noqa: E402
 from schemas.events import ChatMessage, MemoryUpdate  # noqa: E402
 from services.adapters.minilm import MiniLMEmbedder  # noqa: E402
 from services.adapters.sqlite import SqliteMemoryStore  # noqa: E402
-from services.gateway.client import bearer  # noqa: E402
-from services.gateway.keys import create_key  # noqa: E402
 from services.llm.scripted import rule_based_llm  # noqa: E402
 from services.logging import configure_logging  # noqa: E402
 from services.memorize.service import MemorizeService  # noqa: E402
 from services.settings import Settings  # noqa: E402
 from streams.codec import encode  # noqa: E402
+from streams.gateway.client import bearer  # noqa: E402
+from streams.gateway.keys import create_key  # noqa: E402
 from streams.handlers import MemorizeHandler, Record  # noqa: E402
 from streams.topics import TopicNames, ensure_topics  # noqa: E402
 from tests.test_durability import Up, children_of  # noqa: E402
@@ -248,7 +248,7 @@ async def clean_hashes(messages: list[ChatMessage], topics: TopicNames, settings
     with tempfile.TemporaryDirectory() as tmp:
         embedder = MiniLMEmbedder()
         async with await SqliteMemoryStore.open(Path(tmp) / "clean.sqlite3", dim=embedder.dim) as store:
-            service = MemorizeService(store, rule_based_llm(), embedder, settings)
+            service = MemorizeService(store.stores(), rule_based_llm(), embedder, settings)
             handler = MemorizeHandler(service, Discard(), topics)
             records = [Record(topics.chat, m.user_id.encode(), encode(m)) for m in messages]
             for i in range(0, len(records), 64):

@@ -25,7 +25,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.gateway.keys import create_key  # noqa: E402
+from streams.gateway.keys import create_key  # noqa: E402
 from tests.conftest import make_settings  # noqa: E402
 from tests.test_durability import Up, alive, kill_all, post_messages, stats, wait_for  # noqa: E402
 

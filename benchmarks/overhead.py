@@ -42,9 +42,9 @@ from ingest import load_messages, settings_for
 
 from memstream.runtime import Stack
 from schemas.events import ChatMessage, MemoryUpdate
-from services.gateway.client import bearer
-from services.gateway.keys import create_key
 from streams.codec import encode
+from streams.gateway.client import bearer
+from streams.gateway.keys import create_key
 from streams.topics import TopicNames
 
 SITECUSTOMIZE = '''

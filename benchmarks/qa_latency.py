@@ -183,7 +183,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             def retrievers(name: str) -> Retriever:
                 return cache.setdefault(name, get_retriever(name, store, store, embedder))
 
-            config = QAConfig(retriever=args.retriever, max_clue_queries=args.max_clue_queries, llm_concurrency=8)
+            config = QAConfig(retriever=args.retriever, max_clue_queries=args.max_clue_queries)
             qa = PlanningQA(store, store, embedder, llm, retrievers, config)
             events: list[StageEvent] = []
 

@@ -47,7 +47,6 @@ from services.adapters.remote import RemoteMemoryStore
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, Edge, EdgeKind, Vertex, VertexKind
 from services.llm.scripted import ScriptedLLM
-from services.ports import MemoryStore
 from services.qa.pipeline import PlanningQA, QAConfig
 from services.retrieval.base import Retriever
 from services.retrieval.registry import get_retriever
@@ -85,7 +84,7 @@ async def timed(samples: list[float], call: Awaitable[Any]) -> Any:
 
 
 @asynccontextmanager
-async def open_store(backend: str, users: list[str]) -> AsyncIterator[MemoryStore]:
+async def open_store(backend: str, users: list[str]) -> AsyncIterator[SqliteMemoryStore | RemoteMemoryStore]:
     """A fresh store: a new SQLite file, or the real servers with these users forgotten first."""
     if backend == "embedded":
         with tempfile.TemporaryDirectory() as tmp:
@@ -196,7 +195,7 @@ async def bench_qa(backend: str, limit: int) -> dict[str, Any]:
     embedder = MiniLMEmbedder()
     async with open_store(backend, [qa_latency.USER]) as store:
         build = time.perf_counter()
-        # build_graph is typed for the embedded store; it only calls the MemoryStore port
+        # build_graph is typed for the embedded store; it only calls the graph, vector and writer ports
         vertices = await qa_latency.build_graph(cast(Any, store), embedder, questions)
         build_s = time.perf_counter() - build
         names = [v for q in questions for t in q["evidence"] for v in (t[0], t[2])]
@@ -206,7 +205,7 @@ async def bench_qa(backend: str, limit: int) -> dict[str, Any]:
         def retrievers(name: str) -> Retriever:
             return cache.setdefault(name, get_retriever(name, store, store, embedder))
 
-        qa = PlanningQA(store, store, embedder, llm, retrievers, QAConfig(retriever="beamsearch", llm_concurrency=8))
+        qa = PlanningQA(store, store, embedder, llm, retrievers, QAConfig(retriever="beamsearch"))
         await qa.answer(qa_latency._query(questions[0]["question"], "warmup"))
         latencies = []
         for i, q in enumerate(questions):

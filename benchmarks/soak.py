@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.crash_soak import PLACES, make_messages  # noqa: E402
-from services.gateway.client import bearer  # noqa: E402
-from services.gateway.keys import create_key  # noqa: E402
+from streams.gateway.client import bearer  # noqa: E402
+from streams.gateway.keys import create_key  # noqa: E402
 from tests.conftest import make_settings  # noqa: E402
 from tests.test_durability import Up, alive, children_of, wait_for  # noqa: E402
 

@@ -100,7 +100,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     store = await SqliteMemoryStore.open(memory_path, dim=embedder.dim)
     cache = await SqliteMemoryStore.open(Path(args.cache), dim=embedder.dim)
     llm = build_llm(settings, cache=cache)
-    service = MemorizeService(store, llm, embedder, settings)
+    service = MemorizeService(store.stores(), llm, embedder, settings)
     started = time.perf_counter()
     total = sum(len(m) for m in messages.values())
     done = dead = 0

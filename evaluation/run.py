@@ -232,7 +232,7 @@ class Harness:
 
     async def _memorize(self, memory: Memory, extra: dict[str, Any]) -> dict[str, Any]:
         """``memory.batch`` events at a time per user, into ``memory``; its build cost over all runs."""
-        service = MemorizeService(memory.store, self.llm, self.embedder, memory.settings)
+        service = MemorizeService(memory.store.stores(), self.llm, self.embedder, memory.settings)
         before, started = _snapshot(self.llm), time.perf_counter()
         tasks_before = {task: replace(u) for task, u in self.llm.by_task.items()}
         events = self.dataset.events
@@ -358,12 +358,12 @@ class Harness:
         """Each answer mode of the run: the baselines, ``memory`` and its ablations. One engine per memory, built
         by the system's one builder; an ablation's switches travel as the query's options, as ``memstream ask``
         sends them."""
-        engines = {m.label: build_engine(m.settings, m.store, self.embedder, self.llm) for m in self.memories}
+        engines = {m.label: build_engine(m.settings, m.store.stores(), self.embedder, self.llm) for m in self.memories}
         arms: dict[str, Arm] = {}
         if "memory" in self.config.modes:
             arms["memory"] = Arm(engines[""], self.memory.store, self.memory)
         if "flat_rag" in self.config.modes:
-            flat_rag = SimpleQA(self.raw, self.embedder, self.llm, top_k=self.settings.qa_top_k)
+            flat_rag = SimpleQA(self.raw, self.raw, self.embedder, self.llm, top_k=self.settings.qa_top_k)
             arms["flat_rag"] = Arm(flat_rag, self.raw, self.memory)
         if "full_context" in self.config.modes:
             full = FullContext(self.llm, self.dataset.events, self.settings.llm_context)

@@ -20,9 +20,9 @@ from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from memstream.processes import die_with_parent, stop_process
-from services.kafka_security import kafka_client_options
 from services.logging import get_logger
 from services.settings import Settings
+from streams.kafka_security import kafka_client_options
 
 log = get_logger(__name__)
 

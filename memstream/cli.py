@@ -96,7 +96,7 @@ def up(
     """Start the broker (embedded unless MEMSTREAM_BROKER is set), the worker(s) and the gateway; Ctrl-C stops."""
     from memstream.runtime import StartupError
     from memstream.runtime import up as run_up
-    from services.gateway.keys import ensure_admin_key, keys_file
+    from streams.gateway.keys import ensure_admin_key, keys_file
 
     settings = _settings()
     gateway_host, gateway_port = host or settings.host, port or settings.port
@@ -132,8 +132,8 @@ def up(
 def _demo_key(settings: Settings, admin_key: str | None) -> Iterator[str]:
     """The key the demo uses: the admin key just made, MEMSTREAM_API_KEY, or else a key for the demo user alone,
     revoked when the demo ends."""
-    from services.gateway.keys import KeyStore
     from services.ingest.sample import DEMO_USER
+    from streams.gateway.keys import KeyStore
 
     given = admin_key or os.environ.get("MEMSTREAM_API_KEY")
     if given:
@@ -167,7 +167,7 @@ async def _demo(
 
     messages = demo_messages()
     logs = f"{log_dir} (worker-*.log: memorize and QA, gateway.log)" if log_dir else "the worker's log"
-    from services.gateway.client import bearer
+    from streams.gateway.client import bearer
 
     async with httpx.AsyncClient(base_url=url, timeout=60.0, transport=transport, headers=bearer(api_key)) as http:
         run = _DemoRun(http, echo, progress_every_s, poll_s)
@@ -392,7 +392,7 @@ def gateway(
     port: Annotated[int | None, typer.Option(help="listen port (default MEMSTREAM_PORT)")] = None,
 ) -> None:
     """Run the HTTP gateway."""
-    from services.gateway.server import serve_gateway
+    from streams.gateway.server import serve_gateway
 
     settings = _settings()
     if not (bootstrap or settings.broker):
@@ -414,8 +414,8 @@ def ingest(
     ] = False,
 ) -> None:
     """Stream a conversation file to the gateway, in batches, with a progress bar."""
-    from services.gateway.client import GatewayClient, GatewayError
     from services.ingest import LoaderError, load_conversation
+    from streams.gateway.client import GatewayClient, GatewayError
 
     settings = _settings()
     try:
@@ -459,7 +459,7 @@ def ask(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the answer")] = 300.0,
 ) -> None:
     """Ask a question about a user's memory and print the answer."""
-    from services.gateway.client import GatewayClient, GatewayError
+    from streams.gateway.client import GatewayClient, GatewayError
 
     settings = _settings()
     options = {
@@ -604,7 +604,7 @@ def stats(
     key: KeyOption = None,
 ) -> None:
     """Counts of a user's vertices by kind, edges by kind, valid and invalidated theses."""
-    from services.gateway.client import GatewayClient, GatewayError
+    from streams.gateway.client import GatewayClient, GatewayError
 
     settings = _settings()
     with GatewayClient(_url(settings, url), api_key=key) as client:
@@ -637,7 +637,7 @@ def forget(
     key: KeyOption = None,
 ) -> None:
     """Forget a message, a document, a conversation or a whole user, and everything memory derived from it alone."""
-    from services.gateway.client import GatewayClient, GatewayError
+    from streams.gateway.client import GatewayClient, GatewayError
 
     chosen: list[tuple[str, str | None]] = [
         (s, t) for s, t in (("message", message), ("document", document), ("conversation", conversation)) if t
@@ -702,7 +702,7 @@ def dead_letters_list(
     key: KeyOption = None,
 ) -> None:
     """Dead letters, newest first: what failed, why, and whether it was replayed."""
-    from services.gateway.client import GatewayClient, GatewayError
+    from streams.gateway.client import GatewayClient, GatewayError
 
     settings = _settings()
     letters: list[dict[str, Any]] = []
@@ -757,7 +757,7 @@ def dead_letters_replay(
     wait: Annotated[float, typer.Option(help="seconds to wait for a gateway still reading the topic")] = 60.0,
 ) -> None:
     """Put dead-lettered events back on their topics, with the same event ids, to be processed again."""
-    from services.gateway.client import GatewayClient, GatewayError
+    from streams.gateway.client import GatewayClient, GatewayError
 
     if bool(event_ids) == replay_all:
         raise _fail("name the dead letters to replay, or give --all", 2)
@@ -811,22 +811,18 @@ def entities_unmerge(
 ) -> None:
     """Split a merged alias back into its own object, with the facts said with it. Operators: works on the
     configured store (MEMSTREAM_STORE) directly."""
-    from services.container import open_store
+    from services.container import open_stores
     from services.llm.factory import build_embedder
     from services.memorize.unmerge import NotAnAlias, Unmerged, unmerge
-    from services.ports import ForgetStore, KeyValueCache
 
     async def run() -> Unmerged:
         settings = _settings()
         embedder = build_embedder(settings)
-        store = await open_store(settings, embedder.dim)
+        stores = await open_stores(settings, embedder.dim)
         try:
-            if not isinstance(store, ForgetStore):
-                raise _fail(f"{type(store).__name__} cannot rewrite memory")
-            cache = store if isinstance(store, KeyValueCache) else None
-            return await unmerge(store, store, embedder, cache, user, alias)
+            return await unmerge(stores, embedder, user, alias)
         finally:
-            await store.close()
+            await stores.close()
             await embedder.close()
 
     try:
@@ -872,8 +868,8 @@ def keys_create(
     key: KeyOption = None,
 ) -> None:
     """Make an API key and print it (once: only its hash is kept)."""
-    from services.gateway.client import GatewayClient, GatewayError
-    from services.gateway.keys import KeyRequestError, KeyStore
+    from streams.gateway.client import GatewayClient, GatewayError
+    from streams.gateway.keys import KeyRequestError, KeyStore
 
     settings = _settings()
     scopes = [s.strip() for s in scope.split(",") if s.strip()]
@@ -898,8 +894,8 @@ def keys_list(
     key: KeyOption = None,
 ) -> None:
     """Every key: id, users, scopes, when made, whether revoked (never the key itself)."""
-    from services.gateway.client import GatewayClient, GatewayError
-    from services.gateway.keys import KeyStore
+    from streams.gateway.client import GatewayClient, GatewayError
+    from streams.gateway.keys import KeyStore
 
     settings = _settings()
     if local:
@@ -927,8 +923,8 @@ def keys_revoke(
     key: KeyOption = None,
 ) -> None:
     """Revoke a key: from the next request on it is refused (401) by every gateway reading the key file."""
-    from services.gateway.client import GatewayClient, GatewayError
-    from services.gateway.keys import KeyRequestError, KeyStore
+    from streams.gateway.client import GatewayClient, GatewayError
+    from streams.gateway.keys import KeyRequestError, KeyStore
 
     settings = _settings()
     try:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
-from services.ports import LLM, Embedder, ForgetStore, KeyValueCache, MemoryStore
+from services.ports import LLM, Embedder, Stores
 from services.qa.pipeline import PlanningQA, QAConfig
 from services.qa.service import QAEngine, QAService
 from services.qa.simple import SimpleQA
@@ -18,7 +18,7 @@ from services.settings import Settings
 @dataclass
 class Services:
     settings: Settings
-    store: MemoryStore
+    stores: Stores
     llm: LLM
     embedder: Embedder
     memorize: MemorizeService
@@ -28,7 +28,7 @@ class Services:
     async def close(self) -> None:
         await self.llm.close()
         await self.embedder.close()
-        await self.store.close()
+        await self.stores.close()
 
 
 def load_scripted_llm(spec: str) -> LLM:
@@ -39,15 +39,16 @@ def load_scripted_llm(spec: str) -> LLM:
     return llm
 
 
-async def open_store(settings: Settings, dim: int) -> MemoryStore:
-    """The configured memory store: ``MEMSTREAM_STORE=sqlite`` (embedded file) or ``remote`` (Dgraph + Weaviate)."""
+async def open_stores(settings: Settings, dim: int) -> Stores:
+    """The configured backend's stores: ``MEMSTREAM_STORE=sqlite`` (embedded file) or ``remote`` (Dgraph +
+    Weaviate)."""
     if settings.store == "remote":
         from services.adapters.remote import RemoteMemoryStore
 
-        return await RemoteMemoryStore.from_settings(settings, dim)
+        return (await RemoteMemoryStore.from_settings(settings, dim)).stores()
     from services.adapters.sqlite import SqliteMemoryStore
 
-    return SqliteMemoryStore(settings.store_path, dim=dim)
+    return SqliteMemoryStore(settings.store_path, dim=dim).stores()
 
 
 async def build_services(settings: Settings, llm: LLM | None = None) -> Services:
@@ -55,32 +56,30 @@ async def build_services(settings: Settings, llm: LLM | None = None) -> Services
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     embedder = build_embedder(settings)
-    store = await open_store(settings, embedder.dim)
-    cache = store if isinstance(store, KeyValueCache) else None
+    stores = await open_stores(settings, embedder.dim)
     if llm is None:
         if settings.llm == "scripted":
             if not settings.scripted_llm:
                 raise ValueError("MEMSTREAM_LLM=scripted needs MEMSTREAM_SCRIPTED_LLM='module:function'")
-            llm = build_llm(settings, cache=cache, inner=load_scripted_llm(settings.scripted_llm))
+            llm = build_llm(settings, cache=stores.cache, inner=load_scripted_llm(settings.scripted_llm))
         else:
-            llm = build_llm(settings, cache=cache)
-    memorize = MemorizeService(store, llm, embedder, settings)
-    if not isinstance(store, ForgetStore):
-        raise TypeError(f"{type(store).__name__} cannot forget: it must implement ForgetStore")
-    forget = ForgetService(store, store, cache, embedder)
-    qa = QAService(build_engine(settings, store, embedder, llm))
-    return Services(settings, store, llm, embedder, memorize, forget, qa)
+            llm = build_llm(settings, cache=stores.cache)
+    memorize = MemorizeService(stores, llm, embedder, settings)
+    forget = ForgetService(stores.graph, stores.forget, stores.cache, embedder)
+    qa = QAService(build_engine(settings, stores, embedder, llm))
+    return Services(settings, stores, llm, embedder, memorize, forget, qa)
 
 
-def build_engine(settings: Settings, store: MemoryStore, embedder: Embedder, llm: LLM) -> QAEngine:
-    """The QA engine ``settings.qa_engine`` names, over ``store``."""
+def build_engine(settings: Settings, stores: Stores, embedder: Embedder, llm: LLM) -> QAEngine:
+    """The QA engine ``settings.qa_engine`` names, over the graph and vectors of ``stores``."""
+    graph, vectors = stores.graph, stores.vectors
     if settings.qa_engine == "planning":
         return PlanningQA(
-            store,
-            store,
+            graph,
+            vectors,
             embedder,
             llm,
-            lambda name: get_retriever(name, store, store, embedder),
+            lambda name: get_retriever(name, graph, vectors, embedder),
             QAConfig.from_settings(settings),
         )
-    return SimpleQA(store, embedder, llm, top_k=settings.qa_top_k)
+    return SimpleQA(graph, vectors, embedder, llm, top_k=settings.qa_top_k)

@@ -7,7 +7,8 @@ way to ask a store for more than one user's memory.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -99,8 +100,8 @@ class VectorStore(ABC):
     async def get_vectors(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]: ...
 
 
-class MemoryStore(GraphStore, VectorStore, ABC):
-    """Graph plus vectors, with the one write path memorize uses."""
+class MemoryWriter(ABC):
+    """The one write path memorize uses."""
 
     @abstractmethod
     async def apply(self, change_set: ChangeSet, vectors: Sequence[VectorItem]) -> ApplyResult:
@@ -111,14 +112,11 @@ class MemoryStore(GraphStore, VectorStore, ABC):
         ``AnnouncementLog``) and returns it in the result; nothing is written, and none returned, when every event
         was applied before."""
 
-    async def close(self) -> None:
-        return None
-
 
 class AnnouncementLog(ABC):
     """Memory updates a store wrote with their change sets and that are not yet announced.
 
-    ``MemoryStore.apply`` records a change set's ``Announcement`` in the same transaction that marks its events
+    ``MemoryWriter.apply`` records a change set's ``Announcement`` in the same transaction that marks its events
     applied; it stays pending until ``mark_announced``. So a crash between the store write and the publish loses
     no announcement: the replay of the events finds them applied and gets their pending announcements here.
     Announcements are at-least-once, with a stable id (the change set id)."""
@@ -179,6 +177,21 @@ class KeyValueCache(ABC):
     async def forget(self, user_id: str, event_ids: Sequence[str] | None) -> int:
         """Remove the user's entries built from any of ``event_ids`` and those with no events; ``None``: every
         entry of the user. Returns how many went."""
+
+
+@dataclass(frozen=True)
+class Stores:
+    """One backend's stores, a port per concern. The backend builds this (``stores()`` on its adapter), so a service
+    is handed exactly the ports it uses and nothing asks an object what it can do. One object may serve several
+    ports (the embedded SQLite file serves all of them)."""
+
+    graph: GraphStore
+    vectors: VectorStore
+    writer: MemoryWriter
+    announcements: AnnouncementLog
+    forget: ForgetStore
+    cache: KeyValueCache
+    close: Callable[[], Awaitable[None]]
 
 
 class Embedder(ABC):
@@ -255,7 +268,8 @@ __all__ = [
     "LLMMessage",
     "LLMRequest",
     "LLMResponse",
-    "MemoryStore",
+    "MemoryWriter",
+    "Stores",
     "VectorHit",
     "VectorItem",
     "VectorStore",

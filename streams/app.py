@@ -19,10 +19,10 @@ from typing import Any, cast
 import faust
 
 from services.container import Services
-from services.kafka_security import kafka_ssl_context, sasl_credentials
 from services.settings import Settings
 from streams.handlers import MemorizeHandler, QAHandler, Record
 from streams.holdback import Holdback
+from streams.kafka_security import kafka_ssl_context, sasl_credentials
 from streams.topics import TopicNames
 
 #: How many users' full extraction batches one agent step takes from the stream.
@@ -41,7 +41,7 @@ class FaustPublisher:
 
 
 def faust_credentials(settings: Settings) -> faust.types.auth.CredentialsT | None:
-    """The worker's Kafka security, the same as every aiokafka client's (``services.kafka_security``): SASL (with
+    """The worker's Kafka security, the same as every aiokafka client's (``streams.kafka_security``): SASL (with
     TLS for SASL_SSL), TLS alone (SSL, with a client certificate for mTLS), or None for PLAINTEXT."""
     protocol = settings.kafka_security_protocol
     if protocol == "PLAINTEXT":

@@ -13,10 +13,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
-from services.kafka_security import kafka_client_options
 from services.logging import get_logger
 from services.settings import Settings
 from streams.codec import InvalidEvent, decode
+from streams.kafka_security import kafka_client_options
 
 log = get_logger(__name__)
 

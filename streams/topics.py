@@ -7,9 +7,9 @@ from dataclasses import astuple, dataclass
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from services.kafka_security import kafka_client_options
 from services.logging import get_logger
 from services.settings import Settings
+from streams.kafka_security import kafka_client_options
 
 log = get_logger(__name__)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from memstream.broker import EmbeddedBroker, free_port, free_port_block
-from services.gateway.keys import create_key
 from services.settings import Settings
+from streams.gateway.keys import create_key
 
 SCRIPTED_LLM = "services.llm.scripted:rule_based_llm"
 

@@ -24,12 +24,12 @@ from typer.testing import CliRunner
 from memstream.broker import EmbeddedBroker
 from memstream.cli import app as cli
 from schemas.events import Answer, AnswerStatus, DeadLetter
-from services.gateway.app import create_app
-from services.gateway.client import bearer
-from services.gateway.keys import KeyStore, ensure_admin_key, keys_file
-from services.gateway.ratelimit import RateLimiter
 from services.settings import Settings
 from streams.codec import encode
+from streams.gateway.app import create_app
+from streams.gateway.client import bearer
+from streams.gateway.keys import KeyStore, ensure_admin_key, keys_file
+from streams.gateway.ratelimit import RateLimiter
 from streams.topics import TopicNames
 from tests.test_gateway import produce
 

@@ -35,10 +35,10 @@ from prometheus_client import REGISTRY
 from memstream.broker import free_port
 from memstream.runtime import Stack
 from schemas.events import ChatMessage
-from services.gateway.client import GatewayClient, bearer
 from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM, rule_answer, rule_extract
 from services.ports import LLMRequest
 from services.settings import Settings
+from streams.gateway.client import GatewayClient, bearer
 from streams.topics import TopicNames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +140,6 @@ def test_the_five_dashboards_are_well_formed_grafana_json() -> None:
 
 def test_every_metric_a_dashboard_reads_is_one_memstream_exports() -> None:
     # importing the modules that define metrics registers them
-    import services.gateway.app
     import services.llm.layers
     import services.metrics
     import services.observability.metrics  # noqa: F401

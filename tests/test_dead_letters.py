@@ -34,14 +34,14 @@ from memstream.cli import REPLAY_HINT, _demo
 from memstream.cli import app as cli
 from memstream.runtime import Stack
 from schemas.events import ChatMessage, DeadLetter, Document
-from services.gateway.app import create_app
-from services.gateway.client import GatewayClient, bearer
-from services.gateway.dead_letters import DeadLetterBook, DeadLetterStatus
 from services.llm.scripted import ScriptedLLM, rule_based_llm
 from services.logging import configure_logging
 from services.ports import LLMRequest
 from services.settings import Settings
 from streams.codec import encode
+from streams.gateway.app import create_app
+from streams.gateway.client import GatewayClient, bearer
+from streams.gateway.dead_letters import DeadLetterBook, DeadLetterStatus
 from streams.topics import TopicNames, ensure_topics
 
 T0 = datetime(2024, 3, 2, 10, 0, tzinfo=UTC)

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from memstream.runtime import PROJECT_ROOT, settings_env
-from services.gateway.client import bearer
 from services.settings import Settings
+from streams.gateway.client import bearer
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

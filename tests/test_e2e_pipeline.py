@@ -23,11 +23,11 @@ from typer.testing import CliRunner
 from memstream.cli import app as cli
 from memstream.runtime import Stack
 from schemas.events import ChatMessage, DeadLetter, MemoryUpdate
-from services.gateway.client import GatewayClient
 from services.ingest import load_conversation
 from services.logging import configure_logging
 from services.settings import Settings
 from streams.codec import encode
+from streams.gateway.client import GatewayClient
 from streams.topics import TopicNames
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -22,12 +22,12 @@ from schemas.events import ForgetScope
 from services import ids
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, Edge, EdgeKind, Triplet, Vertex, VertexKind
-from services.gateway.graph import neighbourhood
 from services.memorize.builder import ChangeSetBuilder, KnownRef, Source
 from services.memorize.extraction import Fact, ItemFacts
 from services.retrieval.base import RetrievalRequest
 from services.retrieval.registry import get_retriever
 from services.validity import GAPS, Gap, held, holes, reopened, without_gaps_by
+from streams.gateway.graph import neighbourhood
 from tests import test_forget_memory
 from tests.contract.conftest import remote_addresses
 from tests.test_forget_memory import Memory, chat

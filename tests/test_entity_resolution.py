@@ -158,7 +158,7 @@ async def open_memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: 
             {"extract": extract, "resolve": MEMORIZE_RULES["resolve"], "same_entity": judge}, model="scripted-entities"
         )
         settings = Settings(_env_file=None, data_dir=tmp_path, **overrides)  # type: ignore[call-arg]
-        memorize = MemorizeService(store, llm, embedder, settings)
+        memorize = MemorizeService(store.stores(), llm, embedder, settings)
         return Memory(store, judge, memorize, ForgetService(store, store, store, embedder))
 
     yield make
@@ -314,11 +314,11 @@ async def test_unmerge_restores_both_objects_and_their_facts(open_memory: Any) -
     batches = ([chat(1, "Melanie paints landscapes.")], [chat(2, "Mel went camping at Lake Tahoe.")])
     merged = await open_memory("merged")
     await merged.said(*batches)
-    done = await unmerge(merged.store, merged.store, merged.memorize.embedder, merged.store, ADA, "mel")
+    done = await unmerge(merged.store.stores(), merged.memorize.embedder, ADA, "mel")
     assert done.theses_moved == 1 and done.canonical_id == ids.object_id(ADA, "Melanie") and not done.canonical_removed
     after = await structure(merged.store, ADA)
     with pytest.raises(NotAnAlias):
-        await unmerge(merged.store, merged.store, merged.memorize.embedder, merged.store, ADA, "Mel")
+        await unmerge(merged.store.stores(), merged.memorize.embedder, ADA, "Mel")
     # later mentions of the name stay with it: an exact name is never resolved again
     await merged.said([chat(3, "Mel bought a kayak.")])
     assert await merged.theses_of("Mel") == ["Mel bought a kayak.", "Mel went camping at Lake Tahoe."]
@@ -367,7 +367,7 @@ async def test_the_cli_unmerges_an_alias(
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
     store = await SqliteMemoryStore.open(settings.store_path, dim=embedder.dim)
     llm = ScriptedLLM({"extract": extract, "resolve": MEMORIZE_RULES["resolve"], "same_entity": Judge(set(ACCEPT))})
-    memorize = MemorizeService(store, llm, embedder, settings)
+    memorize = MemorizeService(store.stores(), llm, embedder, settings)
     for batch in ([chat(1, "Melanie paints landscapes.")], [chat(2, "Mel went camping at Lake Tahoe.")]):
         await memorize.memorize(batch)
     await store.close()

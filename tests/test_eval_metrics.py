@@ -62,7 +62,7 @@ async def test_gold_turns_map_to_their_episodes_and_derived_theses(tmp_path: Pat
     store = await SqliteMemoryStore.open(tmp_path / "memory.sqlite3", dim=embedder.dim)
     try:
         llm = build_llm(settings, inner=rule_based_llm())
-        outcome = await MemorizeService(store, llm, embedder, settings).memorize(ds.events)
+        outcome = await MemorizeService(store.stores(), llm, embedder, settings).memorize(ds.events)
         assert not outcome.dead_letters
         user = "eval-locomo-conv-t"
         texts = {e.event_id: e.text for e in ds.events}

@@ -20,6 +20,7 @@ from evaluation.run import RETRIEVERS, EvalConfig, evaluate
 from memstream.cli import app
 from schemas.events import Answer, Query, QueryOptions
 from services.llm.scripted import ScriptedLLM
+from services.ports import Stores
 from services.qa.simple import AnswerInput, AnswerTask, SimpleQA
 from services.settings import Settings
 from tests.test_eval_datasets import TINY_LOCOMO, write
@@ -180,9 +181,9 @@ async def test_ablation_switches_reach_the_one_engine_as_query_options(
     seen: dict[str, QueryOptions] = {}
     built: list[str] = []
 
-    def spy_engine(settings: Settings, store: Any, embedder: Any, llm: Any) -> Any:
+    def spy_engine(settings: Settings, stores: Stores, embedder: Any, llm: Any) -> Any:
         built.append(settings.qa_engine)
-        simple = SimpleQA(store, embedder, llm)
+        simple = SimpleQA(stores.graph, stores.vectors, embedder, llm)
 
         class Spy:
             async def answer(self, query: Query, emit: Any = None) -> Answer:

@@ -27,7 +27,7 @@ from services.llm.layers import CachedLLM
 from services.llm.scripted import ScriptedLLM, rule_extract, rule_resolve_check
 from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
-from services.ports import ForgetStore, KeyValueCache, LLMRequest, MemoryStore
+from services.ports import LLMRequest
 from services.settings import Settings
 from streams.codec import encode
 from streams.handlers import MemorizeHandler, Record
@@ -100,10 +100,6 @@ def tombstone(scope: ForgetScope, target: str | None, user: str = "ada", n: int 
 USERS = ("ada", "ben")
 
 
-class Store(MemoryStore, ForgetStore, KeyValueCache):
-    """What both stores are: memory, forgetting and the LLM cache."""
-
-
 async def snapshot(store: Any, user: str) -> Any:
     """The user's memory, as equal as two runs over the same messages make it (no ingest-time clocks)."""
     if isinstance(store, SqliteMemoryStore):
@@ -165,7 +161,10 @@ async def open_memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: 
         cached = CachedLLM(llm, store)
         settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
         return Memory(
-            store, llm, MemorizeService(store, cached, embedder, settings), ForgetService(store, store, store, embedder)
+            store,
+            llm,
+            MemorizeService(store.stores(), cached, embedder, settings),
+            ForgetService(store, store, store, embedder),
         )
 
     yield make

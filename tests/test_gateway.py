@@ -16,11 +16,11 @@ from fastapi.testclient import TestClient
 from memstream.broker import EmbeddedBroker
 from schemas.events import Answer, AnswerStatus, ChatMessage, DeadLetter, MemoryUpdate, Query, StageEvent
 from services.container import Services, build_services
-from services.gateway.app import create_app
-from services.gateway.client import bearer
 from services.llm.scripted import rule_based_llm
 from services.settings import Settings
 from streams.codec import encode
+from streams.gateway.app import create_app
+from streams.gateway.client import bearer
 from streams.handlers import MemorizeHandler, QAHandler, Record
 from streams.topics import TopicNames
 

@@ -37,15 +37,15 @@ from schemas.events import (
     Query,
     StageEvent,
 )
-from services.gateway.answers import AnswerBook
-from services.gateway.app import create_app
-from services.gateway.client import bearer
-from services.gateway.dead_letters import DeadLetterBook, DeadLetterFeed
-from services.gateway.forget import ForgetBook, ForgetLedger, ForgetStatus, Purger
 from services.logging import configure_logging
 from services.observability.traces import TraceStore
 from services.settings import Settings
 from streams.codec import encode
+from streams.gateway.answers import AnswerBook
+from streams.gateway.app import create_app
+from streams.gateway.client import bearer
+from streams.gateway.dead_letters import DeadLetterBook, DeadLetterFeed
+from streams.gateway.forget import ForgetBook, ForgetLedger, ForgetStatus, Purger
 from streams.outbox import Outbox, OutboxRecord, OutboxRelay
 from streams.topics import TopicNames
 from tests.test_auth import Keys as TenantKeys

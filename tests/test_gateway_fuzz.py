@@ -22,9 +22,9 @@ from test_poison import FAR_FUTURE, JSON_VALUES, deep
 
 from memstream.broker import EmbeddedBroker, free_port
 from schemas.validation import MAX_JSON_DEPTH
-from services.gateway.app import create_app
-from services.gateway.client import bearer
 from services.settings import Settings
+from streams.gateway.app import create_app
+from streams.gateway.client import bearer
 
 pytestmark = pytest.mark.server
 

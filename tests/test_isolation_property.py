@@ -152,7 +152,7 @@ class Memory:
         self.embedder = embedder
         settings_ = Settings(_env_file=None, data_dir=data_dir)
         llm = CachedLLM(ScriptedLLM(dict(MEMORIZE_RULES), model="scripted-rules"), store)
-        self.memorize = MemorizeService(store, llm, embedder, settings_)
+        self.memorize = MemorizeService(store.stores(), llm, embedder, settings_)
         self.forget = ForgetService(store, store, store, embedder)
         self.clock = 0
         self.tombstones = 0

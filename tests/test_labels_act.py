@@ -181,7 +181,7 @@ async def memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: MiniL
         store,
         llm,
         script,
-        MemorizeService(store, llm, embedder, settings),
+        MemorizeService(store.stores(), llm, embedder, settings),
         ForgetService(store, store, store, embedder),
     )
     await store.close()
@@ -357,7 +357,7 @@ async def test_the_reader_sees_labels_holders_and_conflicts(memory: Memory) -> N
     await memory.say(BORN_PORTO)
     await memory.say(BEN_NIMBUS, speaker="Ben")
     memory.llm.responders["answer"] = lambda request: {"answer": "Ann was born in Lyon or Porto.", "found": True}
-    qa = SimpleQA(memory.store, memory.memorize.embedder, memory.llm)
+    qa = SimpleQA(memory.store, memory.store, memory.memorize.embedder, memory.llm)
     query = Query(event_id="q1", user_id=USER, question="Where was Ann born?", event_time=INGEST)
     await qa.answer(query)
     [request] = memory.llm.calls_for("answer")

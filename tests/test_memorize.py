@@ -78,7 +78,7 @@ def service(
     store: SqliteMemoryStore, llm: ScriptedLLM, embedder: MiniLMEmbedder, **overrides: object
 ) -> MemorizeService:
     settings = Settings(data_dir=Path("unused"), **overrides)  # type: ignore[arg-type]
-    return MemorizeService(store, llm, embedder, settings)
+    return MemorizeService(store.stores(), llm, embedder, settings)
 
 
 async def test_builds_all_vertex_and_edge_kinds_with_timestamps(store, embedder) -> None:

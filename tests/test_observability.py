@@ -26,12 +26,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from memstream.broker import EmbeddedBroker
 from memstream.runtime import Stack
 from schemas.events import Answer, AnswerStatus, EvidenceTriplet, Query, StageEvent, StageStatus
-from services.gateway.client import GatewayClient, bearer
 from services.logging import configure_logging, get_logger
 from services.observability.context import bind, log_context
-from services.observability.lag import LagSensor
 from services.observability.traces import TraceStore, Update
 from services.settings import Settings
+from streams.gateway.client import GatewayClient, bearer
+from streams.lag import LagSensor
 from streams.topics import ensure_topics
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

@@ -12,10 +12,10 @@ import pytest
 from schemas.events import ChatMessage, MemoryUpdate
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
-from services.gateway.app import StoreStats
 from services.llm.scripted import rule_based_llm
 from services.memorize.service import MemorizeService
 from streams.codec import encode
+from streams.gateway.app import StoreStats
 from streams.handlers import MemorizeHandler, Record
 from streams.outbox import Outbox, OutboxRecord, OutboxRelay
 from streams.topics import TopicNames
@@ -196,7 +196,7 @@ async def test_an_applied_event_whose_memory_update_is_pending_stays_in_the_outb
 
     relay = OutboxRelay(outbox, relay_publish, reader.applied)
     async with await SqliteMemoryStore.open(settings.store_path, dim=embedder.dim) as store:
-        service = MemorizeService(store, rule_based_llm(), embedder, settings)
+        service = MemorizeService(store.stores(), rule_based_llm(), embedder, settings)
         await outbox.add([record])
         await MemorizeHandler(service, Publisher(down=True), topics).handle([Record(topics.chat, b"ana", record.value)])
         assert await store.pending_count() == 1

@@ -18,12 +18,14 @@ from services import ids
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, Edge, EdgeInvalidation, EdgeKind, Invalidation, Triplet, Vertex, VertexKind
+from services.llm.factory import build_llm
 from services.llm.scripted import Responder, ScriptedLLM
-from services.ports import LLMRequest, VectorItem
+from services.ports import LLM, LLMRequest, VectorItem
 from services.qa.matching import EntityMatcher, combinations
 from services.qa.pipeline import NO_ANSWER, PlanningQA, QAConfig
 from services.retrieval.base import RetrievalRequest, Retriever
 from services.retrieval.registry import get_retriever
+from services.settings import Settings
 
 USER = "alice"
 OTHER = "bob"
@@ -266,7 +268,7 @@ def query(question: str, user: str = USER, **options: Any) -> Query:
 def make_qa(
     store: SqliteMemoryStore,
     embedder: MiniLMEmbedder,
-    llm: ScriptedLLM,
+    llm: LLM,
     depth: int = 1,
     **config: Any,
 ) -> PlanningQA:
@@ -499,6 +501,7 @@ async def test_episodic_text_only_with_episodic_context(store: SqliteMemoryStore
 
 @pytest.mark.parametrize("bound", [1, 3])
 async def test_llm_concurrency_is_bounded(films: SqliteMemoryStore, embedder: MiniLMEmbedder, bound: int) -> None:
+    """The one bound is the LLM stack's (``build_llm``), shared by concurrent queries: QA adds none of its own."""
     reader = film_reader()
     responders = reader.responders()
     subs = [
@@ -508,7 +511,8 @@ async def test_llm_concurrency_is_bounded(films: SqliteMemoryStore, embedder: Mi
     ]
     responders["decompose"] = lambda r: {"sub_questions": subs}
     llm = ScriptedLLM(responders, delay_s=0.02)
-    qa = make_qa(films, embedder, llm, llm_concurrency=bound)
+    settings = Settings(_env_file=None, llm_max_concurrency=bound)  # type: ignore[call-arg]
+    qa = make_qa(films, embedder, build_llm(settings, inner=llm))
     question = (
         "Who directed the films Payment On Demand and My Cousin From Warsaw, and what country is Carl Boese from?"
     )

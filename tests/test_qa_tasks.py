@@ -196,7 +196,7 @@ def test_config_overrides_and_limits() -> None:
         QAConfig(max_clue_queries=9)
     settings = Settings(llm_max_concurrency=3, llm_retries=1, qa_top_k=7)
     from_settings = QAConfig.from_settings(settings, max_steps=6)
-    assert (from_settings.llm_concurrency, from_settings.task_attempts, from_settings.filter_top_k) == (3, 2, 7)
+    assert (from_settings.task_attempts, from_settings.filter_top_k) == (2, 7)
     assert from_settings.max_steps == 6
 
 

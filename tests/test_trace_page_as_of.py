@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-APP = Path(__file__).parents[1] / "services" / "gateway" / "static" / "app.js"
+APP = Path(__file__).parents[1] / "streams" / "gateway" / "static" / "app.js"
 NODE = shutil.which("node")
 
 HARNESS = r"""

@@ -12,9 +12,9 @@ import structlog
 from pydantic import SecretStr
 
 from memstream.runtime import settings_env
-from services.kafka_security import KafkaSecurityError, describe, kafka_client_options
 from services.settings import Settings
 from streams.app import faust_credentials, faust_options
+from streams.kafka_security import KafkaSecurityError, describe, kafka_client_options
 
 SECRET = "s3cret-Value-that-must-not-leak"
 

@@ -236,7 +236,7 @@ async def memory(request: pytest.FixtureRequest, tmp_path: Path, embedder: MiniL
         {"extract": extract, "resolve": resolve_pairs, "resolve_check": rule_resolve_check}, model="scripted-when"
     )
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
-    yield store, MemorizeService(store, llm, embedder, settings)
+    yield store, MemorizeService(store.stores(), llm, embedder, settings)
     await store.close()
 
 

@@ -31,11 +31,11 @@ from aiokafka import AIOKafkaProducer
 
 from memstream.runtime import Stack
 from schemas.events import Answer, AnswerStatus, ChatMessage, EvidenceTriplet, StageEvent, StageStatus
-from services.gateway.client import GatewayClient
 from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM
 from services.ports import LLMRequest
 from services.settings import Settings
 from streams.codec import encode
+from streams.gateway.client import GatewayClient
 from streams.topics import TopicNames
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

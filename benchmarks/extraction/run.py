@@ -82,7 +82,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         cache = SqliteMemoryStore(Path(args.cache), dim=embedder.dim) if args.cache else None
         inner = CacheOnly(settings.llm_model) if args.cache_only else None
         llm = build_llm(settings, cache=cache, inner=inner)
-        service = MemorizeService(store, llm, embedder, settings, extract_task=ExtractTask(example=not args.no_example))
+        service = MemorizeService(
+            store.stores(), llm, embedder, settings, extract_task=ExtractTask(example=not args.no_example)
+        )
         ingest = datetime.now(UTC)
         started = time.perf_counter()
         dead = 0

@@ -1,5 +1,5 @@
-"""``RemoteMemoryStore``: the MemoryStore (and LLM cache) on real servers: the graph, the applied events and the
-cache in Dgraph, the vectors and BM25 index in Weaviate.
+"""``RemoteMemoryStore``: every store port on real servers: the graph, the applied events, the announcements and the
+LLM cache in Dgraph, the vectors and BM25 index in Weaviate.
 
 There is no transaction across the two, so ``apply`` writes in an order that a replay repairs: the graph (one
 Dgraph transaction, idempotent upserts), then the vectors (Weaviate objects keyed by our ids, overwritten on
@@ -26,11 +26,14 @@ from services.ports import (
     AnnouncementLog,
     CacheScope,
     ForgetStore,
+    GraphStore,
     KeyValueCache,
-    MemoryStore,
+    MemoryWriter,
+    Stores,
     Vector,
     VectorHit,
     VectorItem,
+    VectorStore,
 )
 from services.settings import Settings
 
@@ -49,7 +52,7 @@ def check_change_set(change_set: ChangeSet, vectors: Sequence[VectorItem], dim: 
             raise ValueError(f"vector {vector.id} has {len(vector.vector)} dimensions, the store has {dim}")
 
 
-class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache, ForgetStore):
+class RemoteMemoryStore(GraphStore, VectorStore, MemoryWriter, AnnouncementLog, KeyValueCache, ForgetStore):
     def __init__(self, graph: DgraphGraphStore, vectors: WeaviateVectorStore) -> None:
         """Both parts already open (see ``open``); the store closes them."""
         self.graph = graph
@@ -129,6 +132,12 @@ class RemoteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache, ForgetStore
             await self.vectors.close()
         finally:
             await self.graph.close()
+
+    def stores(self) -> Stores:
+        """Every store port: the writes and forgetting span both servers; reads go to the one that holds the data."""
+        return Stores(
+            graph=self, vectors=self, writer=self, announcements=self, forget=self, cache=self, close=self.close
+        )
 
     # -- writes ------------------------------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from services.logging import get_logger
 from services.memorize.builder import ALIAS_ENDS
 from services.memorize.entity_task import NamePair, SameEntityTask, Verdict
 from services.memorize.extraction import Alias, Fact, ItemFacts
-from services.ports import LLM, Embedder, MemoryStore
+from services.ports import LLM, Embedder, GraphStore, VectorStore
 from services.retrieval.common import is_literal
 from services.settings import Settings
 
@@ -109,8 +109,11 @@ class _Pair:
 
 
 class EntityResolver:
-    def __init__(self, store: MemoryStore, llm: LLM, embedder: Embedder, settings: Settings) -> None:
-        self.store = store
+    def __init__(
+        self, graph: GraphStore, vectors: VectorStore, llm: LLM, embedder: Embedder, settings: Settings
+    ) -> None:
+        self.graph = graph
+        self.vectors = vectors
         self.llm = llm
         self.embedder = embedder
         self.settings = settings
@@ -122,7 +125,7 @@ class EntityResolver:
         said, context = _names(found)
         if not said:
             return found, 0
-        exact = await self.store.find_objects(user_id, sorted(said))
+        exact = await self.graph.find_objects(user_id, sorted(said))
         merges: dict[str, tuple[_Target, Alias | None]] = {}
         await self._known_aliases(user_id, exact, merges)
         new = {key: name for key, name in said.items() if key not in exact and not is_literal(name)}
@@ -142,7 +145,7 @@ class EntityResolver:
         pointing = {key: v.alias_of for key, v in exact.items() if v.alias_of}
         if not pointing:
             return
-        canonical = await self.store.get_vertices(user_id, sorted({i for i in pointing.values() if i}))
+        canonical = await self.graph.get_vertices(user_id, sorted({i for i in pointing.values() if i}))
         for key, object_id in pointing.items():
             vertex = canonical.get(object_id or "")
             if vertex is not None:  # else its object is gone: the record is an object of its own again
@@ -158,16 +161,16 @@ class EntityResolver:
         vectors = dict(zip(keys, await self.embedder.embed([new[k] for k in keys]), strict=True))
         pooled: dict[str, set[str]] = {}
         for key in keys:
-            hits = await self.store.search(user_id, [VertexKind.OBJECT.value], vectors[key], None, k=_POOL)
+            hits = await self.vectors.search(user_id, [VertexKind.OBJECT.value], vectors[key], None, k=_POOL)
             try:
-                hits += await self.store.search(user_id, [VertexKind.OBJECT.value], None, new[key], k=_POOL)
+                hits += await self.vectors.search(user_id, [VertexKind.OBJECT.value], None, new[key], k=_POOL)
             except Exception:  # a name the lexical index cannot parse still has its dense candidates
                 log.warning("entity_lexical_search_failed", user_id=user_id, name=new[key], exc_info=True)
             pooled[key] = {h.id for h in hits}
         wanted = sorted({i for hits in pooled.values() for i in hits} | {v.id for v in exact.values()})
-        found = await self.store.get_vertices(user_id, wanted)
-        stored = await self.store.get_vectors(user_id, wanted)
-        canonical = await self.store.get_vertices(user_id, sorted({v.alias_of for v in found.values() if v.alias_of}))
+        found = await self.graph.get_vertices(user_id, wanted)
+        stored = await self.vectors.get_vectors(user_id, wanted)
+        canonical = await self.graph.get_vertices(user_id, sorted({v.alias_of for v in found.values() if v.alias_of}))
         known = [v for v in found.values() if v.kind is VertexKind.OBJECT and v.user_id == user_id]
         pairs: list[_Pair] = []
         for key in keys:
@@ -230,7 +233,7 @@ class EntityResolver:
     async def _contexts(self, user_id: str, pairs: list[_Pair], context: dict[str, str]) -> dict[str, str]:
         """A statement using each target: a new name's fact, or a known object's newest thesis."""
         known = sorted({p.target.object_id for p in pairs if p.target.known})
-        theses = await self.store.neighbors(user_id, known, [EdgeKind.THESIS], limit_per_vertex=1) if known else []
+        theses = await self.graph.neighbors(user_id, known, [EdgeKind.THESIS], limit_per_vertex=1) if known else []
         about = {t.start.id: t.end.name for t in theses if t.end.kind is VertexKind.THESIS}
         return {
             p.target.key: about.get(p.target.object_id, p.target.name)

@@ -38,7 +38,7 @@ from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Ite
 from services.memorize.labels import keeps
 from services.memorize.resolve import Pair, ResolveTask
 from services.memorize.resolve_check import CheckTask
-from services.ports import LLM, AnnouncementLog, Embedder, MemoryStore, VectorItem
+from services.ports import LLM, Embedder, Stores, VectorItem
 from services.settings import Settings
 
 log = get_logger(__name__)
@@ -182,26 +182,22 @@ def _with_outcome(source: Source, found: ItemFacts) -> Source:
 class MemorizeService:
     def __init__(
         self,
-        store: MemoryStore,
+        stores: Stores,
         llm: LLM,
         embedder: Embedder,
         settings: Settings,
         *,
         extract_task: ExtractTask | None = None,
-        announcements: AnnouncementLog | None = None,
     ) -> None:
-        """``announcements``: where the store keeps unannounced memory updates; by default the store itself."""
-        if announcements is None:
-            if not isinstance(store, AnnouncementLog):
-                raise TypeError(f"{type(store).__name__} keeps no announcement log: pass announcements=")
-            announcements = store
         self.extract_task = extract_task or _EXTRACT
-        self.announcements = announcements
-        self.store = store
+        self.graph = stores.graph
+        self.vectors = stores.vectors
+        self.writer = stores.writer
+        self.announcements = stores.announcements
         self.llm = llm
         self.embedder = embedder
         self.settings = settings
-        self.entities = EntityResolver(store, llm, embedder, settings)
+        self.entities = EntityResolver(stores.graph, stores.vectors, llm, embedder, settings)
 
     async def memorize(self, events: Sequence[MemoryEvent], source_topic: str = "memorize") -> MemorizeOutcome:
         outcome = MemorizeOutcome()
@@ -209,7 +205,7 @@ class MemorizeService:
         for event in events:
             by_user.setdefault(event.user_id, {}).setdefault(event.event_id, event)
         for user_id, user_events in by_user.items():
-            seen = await self.store.seen_events(user_id, list(user_events))
+            seen = await self.graph.seen_events(user_id, list(user_events))
             outcome.skipped.extend(sorted(seen))
             for event_id in seen:
                 metrics.MEMORIZE_EVENTS.labels(kind=user_events[event_id].kind, outcome="duplicate").inc()
@@ -357,9 +353,9 @@ class MemorizeService:
             text = thesis_text(fact)
             new_id = ids.thesis_id(user_id, text)
             k = 3 + self.settings.invalidation_candidates
-            found_hits = await self.store.search(user_id, [VertexKind.THESIS.value], vectors[text], None, k=k)
+            found_hits = await self.vectors.search(user_id, [VertexKind.THESIS.value], vectors[text], None, k=k)
             near.append([(h.id, h.score) for h in found_hits if h.id != new_id])
-        known = await self.store.get_vertices(user_id, sorted({i for scored in near for i, _ in scored}))
+        known = await self.graph.get_vertices(user_id, sorted({i for scored in near for i, _ in scored}))
         for (unit_n, fact_n, fact), scored in zip(facts, near, strict=True):
             for hit, score in scored:
                 old = known.get(hit)
@@ -373,7 +369,7 @@ class MemorizeService:
         # a candidate relates the same subject (``_rival``), and so does every thesis stating its relation edge: the
         # subjects' theses are all that is read
         subjects = sorted({fact.subject for _, _, fact in facts})
-        about = {e: await self.store.valid_theses(user_id, [ids.object_id(user_id, e)], limit=200) for e in subjects}
+        about = {e: await self.graph.valid_theses(user_id, [ids.object_id(user_id, e)], limit=200) for e in subjects}
         pairs: list[tuple[int, int, Vertex]] = []
         by_meaning: set[tuple[int, int, str]] = set()  # pairs found only by meaning, not by a shared relation
         for (unit_n, fact_n, fact), scored in zip(facts, near, strict=True):
@@ -423,7 +419,7 @@ class MemorizeService:
         judged = [(p, v) for p, v in zip(pairs, verdicts, strict=True) if v not in ("same", "compatible")]
         # the theses the judged ones are marked against: ending one takes its mark off them
         marked = {m.id for (_, _, old), _ in judged for m in thesis_marks(old.props)}
-        partners = await self.store.get_vertices(user_id, sorted(marked)) if marked else {}
+        partners = await self.graph.get_vertices(user_id, sorted(marked)) if marked else {}
         replaced: dict[int, list[tuple[int, KnownRef]]] = {}
         for (unit_n, fact_n, old), verdict in zip(pairs, verdicts, strict=True):
             if verdict == "same":
@@ -475,7 +471,7 @@ class MemorizeService:
         self, change_set: ChangeSet, events: list[MemoryEvent], known_vectors: dict[str, list[float]]
     ) -> Announcement | None:
         vectors = await self._vectors(change_set, known_vectors)
-        result = await self.store.apply(change_set, vectors)  # the store's call sites retry (services.backends)
+        result = await self.writer.apply(change_set, vectors)  # the store's call sites retry (services.backends)
         if result.announcement is None:
             return None
         committed = result.announcement.committed_at
@@ -503,10 +499,12 @@ class MemorizeService:
         Asked of the vector index, not the graph: with a remote store the graph write may have landed before a
         crash and the vector write not, and the replay must still index them."""
         user_id = change_set.user_id
-        existing = await self.store.get_vertices(user_id, [v.id for v in change_set.vertices])
+        existing = await self.graph.get_vertices(user_id, [v.id for v in change_set.vertices])
         names = {v.id: v.name for v in change_set.vertices} | {k: v.name for k, v in existing.items()}
         relations = [e for e in change_set.edges if e.kind is EdgeKind.RELATION]
-        indexed = await self.store.get_vectors(user_id, [v.id for v in change_set.vertices] + [e.id for e in relations])
+        indexed = await self.vectors.get_vectors(
+            user_id, [v.id for v in change_set.vertices] + [e.id for e in relations]
+        )
         entries: list[tuple[str, str, str]] = [
             (v.id, v.kind.value, names[v.id][:2000]) for v in change_set.vertices if v.id not in indexed
         ]

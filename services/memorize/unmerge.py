@@ -20,7 +20,7 @@ from services import ids
 from services.domain import ALIAS_OF, Edge, EdgeKind, Erasure, Vertex, VertexKind
 from services.logging import get_logger
 from services.memorize.builder import ALIAS_ENDS
-from services.ports import Embedder, ForgetStore, KeyValueCache, MemoryStore, VectorItem
+from services.ports import Embedder, GraphStore, Stores, VectorItem, VectorStore
 
 log = get_logger(__name__)
 
@@ -55,16 +55,15 @@ def _edge(user_id: str, kind: EdgeKind, source: str, target: str, like: Edge | V
     )
 
 
-async def unmerge(
-    store: MemoryStore, forget: ForgetStore, embedder: Embedder, cache: KeyValueCache | None, user_id: str, alias: str
-) -> Unmerged:
+async def unmerge(stores: Stores, embedder: Embedder, user_id: str, alias: str) -> Unmerged:
     """Split the merged alias ``alias`` of ``user_id`` back into its own object; ``NotAnAlias`` if there is none."""
+    graph = stores.graph
     key = ids.normalize_name(alias)
-    record = (await store.find_objects(user_id, [key])).get(key)
+    record = (await graph.find_objects(user_id, [key])).get(key)
     if record is None or not record.alias_of:
         raise NotAnAlias(f"user {user_id!r} has no merged alias {alias!r}")
     canonical_id = record.alias_of
-    around = await store.neighbors(user_id, [canonical_id], [EdgeKind.THESIS, EdgeKind.RELATION])
+    around = await graph.neighbors(user_id, [canonical_id], [EdgeKind.THESIS, EdgeKind.RELATION])
     theses = {t.end.id: t.end for t in around if t.edge.kind is EdgeKind.THESIS and t.end.kind is VertexKind.THESIS}
     relations = {t.edge.id: t.edge for t in around if t.edge.kind is EdgeKind.RELATION}
     moved: dict[str, dict[str, str]] = {}  # thesis id -> its props with the alias as subject or object
@@ -98,8 +97,8 @@ async def unmerge(
             erasure.delete_edges.append(old_relation)
             erasure.delete_vectors.append(old_relation)
     erasure.put_edges += new_relations.values()
-    episodes = sorted({t.end.id for t in await store.neighbors(user_id, sorted(moved), [EdgeKind.EPISODIC])})
-    linked = await store.neighbors(user_id, episodes, [EdgeKind.EPISODIC]) if episodes else []
+    episodes = sorted({t.end.id for t in await graph.neighbors(user_id, sorted(moved), [EdgeKind.EPISODIC])})
+    linked = await graph.neighbors(user_id, episodes, [EdgeKind.EPISODIC]) if episodes else []
     for episode_id in episodes:  # the canonical object keeps the episodes it still has a fact of
         if not any(t.start.id in kept and t.end.id == episode_id for t in linked):
             erasure.delete_edges.append(
@@ -109,13 +108,13 @@ async def unmerge(
     if removed:  # nothing was said of it but with this alias: it goes, as if never merged
         erasure.delete_vertices.append(canonical_id)
         erasure.delete_vectors.append(canonical_id)
-        rest = await store.neighbors(user_id, [canonical_id])
+        rest = await graph.neighbors(user_id, [canonical_id])
         erasure.delete_edges += [t.edge.id for t in rest if t.edge.id not in new_relations]
-    vectors = await _vectors(store, embedder, user_id, list(new_relations.values()))
+    vectors = await _vectors(graph, stores.vectors, embedder, user_id, list(new_relations.values()))
     erasure.outcome = json.dumps({"unmerged": record.name, "from": canonical_id, "theses_moved": len(moved)})
-    await forget.erase(erasure, vectors)
-    if cache is not None:  # answers built from the user's memory at large may have read the merged object
-        await cache.forget(user_id, [])
+    await stores.forget.erase(erasure, vectors)
+    # answers built from the user's memory at large may have read the merged object
+    await stores.cache.forget(user_id, [])
     log.info("entity_unmerged", user_id=user_id, alias=record.name, canonical=canonical_id, theses=len(moved))
     return Unmerged(record.name, record.id, canonical_id, len(moved), removed)
 
@@ -124,16 +123,18 @@ def _ends(user_id: str, props: dict[str, str]) -> set[str]:
     return {ids.object_id(user_id, props[end]) for end in ALIAS_ENDS if props.get(end)}
 
 
-async def _vectors(store: MemoryStore, embedder: Embedder, user_id: str, edges: list[Edge]) -> list[VectorItem]:
+async def _vectors(
+    graph: GraphStore, index: VectorStore, embedder: Embedder, user_id: str, edges: list[Edge]
+) -> list[VectorItem]:
     """Index entries of the relation edges written anew (as memorize indexes them: "source relation target")."""
-    indexed = await store.get_vectors(user_id, [e.id for e in edges])
+    indexed = await index.get_vectors(user_id, [e.id for e in edges])
     todo = [e for e in edges if e.id not in indexed]
     if not todo:
         return []
     names = {
         v.id: v.name
         for v in (
-            await store.get_vertices(user_id, sorted({e.source for e in todo} | {e.target for e in todo}))
+            await graph.get_vertices(user_id, sorted({e.source for e in todo} | {e.target for e in todo}))
         ).values()
     }
     texts = [f"{names.get(e.source, '')} {e.relation} {names.get(e.target, '')}" for e in todo]

@@ -6,7 +6,7 @@ lists the sub-questions, 2 and 10 the plan, 11 the step, 5 the clue-queries); a 
 sub-question (the minimal QA's) stays at the query level. Anything a detail lacks is simply left empty.
 
 ``TraceStore`` keeps the most recent traces and lets any number of followers stream one trace's updates as they
-arrive (the SSE endpoint); it is fed by ``services.observability.feed.TraceFeed``.
+arrive (the SSE endpoint); it is fed by ``streams.trace_feed.TraceFeed``.
 """
 
 from __future__ import annotations

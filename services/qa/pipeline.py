@@ -1,8 +1,9 @@
 """The PAI-2 planning QA pipeline: decompose, plan, and search the memory graph step by step (13 stages).
 
-Sub-questions run concurrently, and so do the clue-queries of a step; every LLM call goes through one semaphore
-per ``PlanningQA`` so that concurrent queries together stay within the model's capacity. A failed LLM task never
-fails the query: its stage reports an error and the pipeline degrades (see each stage).
+Sub-questions run concurrently, and so do the clue-queries of a step; the LLM stack it is given (``build_llm``) holds
+the process's one bound on calls in flight, so concurrent queries and memorize together stay within the model's
+capacity, and a cache hit waits for no slot. A failed LLM task never fails the query: its stage reports an error
+and the pipeline degrades (see each stage).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from schemas.events import (
 )
 from services import ids
 from services.domain import EdgeKind, Triplet, VertexKind
-from services.llm.layers import LimitedLLM, LLMLayer
+from services.llm.layers import LLMLayer
 from services.llm.task import LLMTask, TaskFailed, run_task
 from services.logging import get_logger
 from services.ports import LLM, Embedder, GraphStore, LLMRequest, LLMResponse, VectorStore
@@ -90,7 +91,6 @@ class QAConfig(BaseModel):
         default=Settings.model_fields["qa_episodic_context"].default, description="show the messages to the LLM"
     )
     budget: int = Field(default=20, ge=1, description="triplets per traversal")
-    llm_concurrency: int = Field(default=2, ge=1, description="LLM calls in flight, over all queries")
     task_attempts: int = Field(default=3, ge=1, description="tries per LLM task on invalid output")
     max_sub_questions: int = Field(default=4, ge=1, le=8)
     max_entities: int = Field(default=5, ge=1, le=10)
@@ -101,7 +101,6 @@ class QAConfig(BaseModel):
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> QAConfig:
         base: dict[str, Any] = {
-            "llm_concurrency": settings.llm_max_concurrency,
             "task_attempts": settings.llm_retries + 1,
             "filter_top_k": settings.qa_top_k,
             "retriever": settings.qa_retriever,
@@ -206,8 +205,7 @@ class PlanningQA:
         self.vectors = vectors
         self.embedder = embedder
         self.config = config or QAConfig()
-        # One bound per PlanningQA: concurrent queries share the model's capacity.
-        self.llm: LLM = _StageMeteredLLM(LimitedLLM(llm, self.config.llm_concurrency))
+        self.llm: LLM = _StageMeteredLLM(llm)
         self.matcher = EntityMatcher(graph, vectors, embedder)
         self._retrievers = retrievers
         self._retriever_cache: dict[str, Retriever] = {}

@@ -20,7 +20,7 @@ from schemas.events import Answer, AnswerStatus, EvidenceTriplet, Query, StageEv
 from services import metrics
 from services.domain import Vertex, VertexKind
 from services.llm.task import LLMTask, TaskFailed, run_task
-from services.ports import LLM, Embedder, LLMMessage, MemoryStore
+from services.ports import LLM, Embedder, GraphStore, LLMMessage, VectorStore
 
 Emit = Callable[[StageEvent], Awaitable[None]]
 
@@ -59,8 +59,9 @@ class AnswerTask(LLMTask[AnswerOut, AnswerOut]):
 
 
 class SimpleQA:
-    def __init__(self, store: MemoryStore, embedder: Embedder, llm: LLM, top_k: int = 12) -> None:
-        self.store = store
+    def __init__(self, graph: GraphStore, vectors: VectorStore, embedder: Embedder, llm: LLM, top_k: int = 12) -> None:
+        self.graph = graph
+        self.vectors = vectors
         self.embedder = embedder
         self.llm = llm
         self.top_k = top_k
@@ -94,8 +95,8 @@ class SimpleQA:
         vector = (await self.embedder.embed([query.question]))[0]
         # theses and the messages themselves: what extraction missed is still found in the words said
         kinds = [VertexKind.THESIS.value, VertexKind.EPISODIC.value]
-        hits = await self.store.search(query.user_id, kinds, vector, query.question, k=self.top_k * 3)
-        found = await self.store.get_vertices(query.user_id, [h.id for h in hits])
+        hits = await self.vectors.search(query.user_id, kinds, vector, query.question, k=self.top_k * 3)
+        found = await self.graph.get_vertices(query.user_id, [h.id for h in hits])
         memory = [found[h.id] for h in hits if h.id in found and found[h.id].valid_at(query.as_of)][: self.top_k]
         await stage(6, "traversal", t0, StageStatus.OK if memory else StageStatus.EMPTY, vertices=len(memory))
 

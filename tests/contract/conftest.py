@@ -1,4 +1,5 @@
-"""The ``memory_store`` fixture the port contract runs against: one param per MemoryStore implementation.
+"""The ``memory_store`` fixture the port contract runs against: one param per backend, as the
+backend's ``Stores``.
 
 To add an adapter, add a param and open it in ``_open``; stores must accept any ``DIM``.
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from services.adapters.sqlite import SqliteMemoryStore
-from services.ports import MemoryStore
+from services.ports import Stores
 
 DIM = 8  # the contract suite builds 8-dimensional unit vectors (test_memory_store_contract.DIM)
 # the users the contract writes; the remote store forgets them before each test (the servers outlive the test)
@@ -39,9 +40,9 @@ def remote_addresses() -> tuple[str, str, str]:
     return dgraph, http, grpc
 
 
-async def _open(kind: str, tmp_path: Path) -> MemoryStore:
+async def _open(kind: str, tmp_path: Path) -> Stores:
     if kind == "sqlite":
-        return await SqliteMemoryStore.open(tmp_path / "memory.sqlite3", dim=DIM)
+        return (await SqliteMemoryStore.open(tmp_path / "memory.sqlite3", dim=DIM)).stores()
     if kind == "remote":
         from services.adapters.remote import RemoteMemoryStore
 
@@ -49,12 +50,12 @@ async def _open(kind: str, tmp_path: Path) -> MemoryStore:
         store = await RemoteMemoryStore.open(dgraph, http, grpc, dim=DIM, prefix=REMOTE_PREFIX)
         for user in CONTRACT_USERS:
             await store.delete_user(user)
-        return store
+        return store.stores()
     raise ValueError(f"unknown store {kind}")
 
 
 @pytest.fixture(params=["sqlite", pytest.param("remote", marks=pytest.mark.server)])
-async def memory_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
+async def memory_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
     store = await _open(request.param, tmp_path)
     try:
         yield store

@@ -1,4 +1,4 @@
-"""MemoryStore port contract: every adapter must pass this suite (see ``conftest.memory_store``).
+"""Store ports contract: every adapter must pass this suite (see ``conftest.memory_store``).
 
 The scenario: a user says "Alice lives in Paris" (2023), later "Alice lives in Berlin" (2024), which invalidates
 the first thesis. Vectors are hand-made unit vectors, so expected neighbours are known without an embedder.
@@ -24,7 +24,7 @@ from services.domain import (
     Vertex,
     VertexKind,
 )
-from services.ports import AnnouncementLog, MemoryStore, VectorItem
+from services.ports import AnnouncementLog, Stores, VectorItem
 
 DIM = 8
 T2023 = datetime(2023, 3, 1, tzinfo=UTC)
@@ -129,10 +129,10 @@ def invalidation(w: World) -> Invalidation:
     return Invalidation(thesis_id=w.id["t_paris"], invalidated_by=w.id["t_berlin"], t_invalid=T2024, t_expired=T2024)
 
 
-async def load(store: MemoryStore, w: World, second: bool = True) -> None:
-    await store.apply(w.change_set(["m1"], FIRST), w.items(FIRST))
+async def load(store: Stores, w: World, second: bool = True) -> None:
+    await store.writer.apply(w.change_set(["m1"], FIRST), w.items(FIRST))
     if second:
-        await store.apply(w.change_set(["m2"], SECOND, [invalidation(w)]), w.items(SECOND))
+        await store.writer.apply(w.change_set(["m2"], SECOND, [invalidation(w)]), w.items(SECOND))
 
 
 @pytest.fixture
@@ -148,83 +148,85 @@ def bob() -> World:
 # -- apply ---------------------------------------------------------------------------------------------------------
 
 
-async def test_apply_counts_what_was_written(memory_store: MemoryStore, alice: World) -> None:
-    first = await memory_store.apply(alice.change_set(["m1"], FIRST), alice.items(FIRST))
+async def test_apply_counts_what_was_written(memory_store: Stores, alice: World) -> None:
+    first = await memory_store.writer.apply(alice.change_set(["m1"], FIRST), alice.items(FIRST))
     assert (first.vertices_added, first.theses_added, first.edges_added) == (5, 1, 5)
     assert first.theses_invalidated == 0 and first.skipped_events == []
 
-    second = await memory_store.apply(alice.change_set(["m2"], SECOND, [invalidation(alice)]), alice.items(SECOND))
+    second = await memory_store.writer.apply(
+        alice.change_set(["m2"], SECOND, [invalidation(alice)]), alice.items(SECOND)
+    )
     assert (second.vertices_added, second.theses_added, second.edges_added, second.theses_invalidated) == (3, 1, 4, 1)
-    assert await memory_store.seen_events("alice", ["m1", "m2", "m3"]) == {"m1", "m2"}
+    assert await memory_store.graph.seen_events("alice", ["m1", "m2", "m3"]) == {"m1", "m2"}
 
 
-async def test_replay_is_skipped_and_changes_nothing(memory_store: MemoryStore, alice: World) -> None:
+async def test_replay_is_skipped_and_changes_nothing(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
-    before = await memory_store.stats("alice")
-    vertices_before = await memory_store.get_vertices("alice", list(alice.id.values()))
+    before = await memory_store.graph.stats("alice")
+    vertices_before = await memory_store.graph.get_vertices("alice", list(alice.id.values()))
 
-    replay = await memory_store.apply(alice.change_set(["m1"], FIRST), alice.items(FIRST))
+    replay = await memory_store.writer.apply(alice.change_set(["m1"], FIRST), alice.items(FIRST))
     assert replay.skipped_events == ["m1"]
     assert (replay.vertices_added, replay.edges_added, replay.theses_invalidated) == (0, 0, 0)
-    assert await memory_store.stats("alice") == before
-    assert await memory_store.get_vertices("alice", list(alice.id.values())) == vertices_before
+    assert await memory_store.graph.stats("alice") == before
+    assert await memory_store.graph.get_vertices("alice", list(alice.id.values())) == vertices_before
 
 
-async def test_partly_seen_change_set_writes_only_what_is_new(memory_store: MemoryStore, alice: World) -> None:
+async def test_partly_seen_change_set_writes_only_what_is_new(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice, second=False)
     # a re-batched change set: m1 was applied before, m2 is new; m1's content is already there
-    result = await memory_store.apply(
+    result = await memory_store.writer.apply(
         alice.change_set(["m1", "m2"], FIRST + SECOND, [invalidation(alice)]), alice.items(FIRST + SECOND)
     )
     assert result.skipped_events == ["m1"]
     assert (result.vertices_added, result.edges_added, result.theses_invalidated) == (3, 4, 1)
-    assert (await memory_store.stats("alice")).events == 2
+    assert (await memory_store.graph.stats("alice")).events == 2
 
 
-async def test_first_invalidation_wins(memory_store: MemoryStore, alice: World) -> None:
+async def test_first_invalidation_wins(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
     later = Invalidation(
         thesis_id=alice.id["t_paris"], invalidated_by="t_other", t_invalid=datetime(2025, 1, 1, tzinfo=UTC),
         t_expired=datetime(2025, 1, 1, tzinfo=UTC),
     )  # fmt: skip
-    result = await memory_store.apply(alice.change_set(["m3"], [], [later]), [])
+    result = await memory_store.writer.apply(alice.change_set(["m3"], [], [later]), [])
     assert result.theses_invalidated == 0
-    paris = (await memory_store.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]]
+    paris = (await memory_store.graph.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]]
     assert paris.invalidated_by == alice.id["t_berlin"] and paris.t_invalid == T2024
 
 
 async def test_a_known_thesis_props_are_rewritten_within_its_user(
-    memory_store: MemoryStore, alice: World, bob: World
+    memory_store: Stores, alice: World, bob: World
 ) -> None:
     """``ChangeSet.props_updates`` (a thesis's marks changed): its props whole; another user's thesis untouched."""
     await load(memory_store, alice)
     await load(memory_store, bob)
     marked = {"marks": '[{"id":"t_x","mark":"conflicts_with","text":"x"}]', "subject": "Alice"}
     updates = [PropsUpdate(thesis_id=alice.id["t_paris"], props=marked)]
-    await memory_store.apply(alice.change_set(["m3"], []).model_copy(update={"props_updates": updates}), [])
+    await memory_store.writer.apply(alice.change_set(["m3"], []).model_copy(update={"props_updates": updates}), [])
     # bob's change set naming alice's thesis id changes nothing of hers (the ids differ per user anyway)
     theirs = [PropsUpdate(thesis_id=alice.id["t_paris"], props={"subject": "Bob"})]
-    await memory_store.apply(bob.change_set(["m3"], []).model_copy(update={"props_updates": theirs}), [])
-    assert (await memory_store.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]].props == marked
-    assert (await memory_store.get_vertices("bob", [bob.id["t_paris"]]))[bob.id["t_paris"]].props == {}
+    await memory_store.writer.apply(bob.change_set(["m3"], []).model_copy(update={"props_updates": theirs}), [])
+    assert (await memory_store.graph.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]].props == marked
+    assert (await memory_store.graph.get_vertices("bob", [bob.id["t_paris"]]))[bob.id["t_paris"]].props == {}
 
 
 def ended(w: World, key: str, by: str, when: datetime) -> EdgeInvalidation:
     return EdgeInvalidation(edge_id=w.id[key], invalidated_by=w.id[by], t_invalid=when, t_expired=when)
 
 
-async def edge_of(store: MemoryStore, w: World, key: str) -> Edge:
-    return (await store.get_triplets(w.user, [w.id[key]]))[w.id[key]].edge
+async def edge_of(store: Stores, w: World, key: str) -> Edge:
+    return (await store.graph.get_triplets(w.user, [w.id[key]]))[w.id[key]].edge
 
 
-async def test_a_relation_edge_is_ended_once_and_read_back_ended(memory_store: MemoryStore, alice: World) -> None:
+async def test_a_relation_edge_is_ended_once_and_read_back_ended(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
     first = ended(alice, "lives_paris", "t_berlin", T2024)
     thesis_edge = EdgeInvalidation(edge_id=alice.id["a_tp"], invalidated_by="t_x", t_invalid=T2024, t_expired=T2024)
     cs = alice.change_set(["m3"], []).model_copy(update={"edge_invalidations": [first, thesis_edge]})
-    await memory_store.apply(cs, [])
+    await memory_store.writer.apply(cs, [])
     later = ended(alice, "lives_paris", "t_paris", datetime(2025, 1, 1, tzinfo=UTC))
-    await memory_store.apply(alice.change_set(["m4"], []).model_copy(update={"edge_invalidations": [later]}), [])
+    await memory_store.writer.apply(alice.change_set(["m4"], []).model_copy(update={"edge_invalidations": [later]}), [])
 
     paris = await edge_of(memory_store, alice, "lives_paris")
     assert (paris.t_invalid, paris.t_expired, paris.invalidated_by) == (T2024, T2024, alice.id["t_berlin"])
@@ -232,47 +234,46 @@ async def test_a_relation_edge_is_ended_once_and_read_back_ended(memory_store: M
     assert (await edge_of(memory_store, alice, "lives_berlin")).t_invalid is None
     assert (await edge_of(memory_store, alice, "a_tp")).t_invalid is None  # only relation edges end
     around = {
-        t.edge.id: t.edge for t in await memory_store.neighbors("alice", [alice.id["alice"]], [EdgeKind.RELATION])
+        t.edge.id: t.edge for t in await memory_store.graph.neighbors("alice", [alice.id["alice"]], [EdgeKind.RELATION])
     }
     assert around[alice.id["lives_paris"]] == paris and around[alice.id["lives_berlin"]].t_invalid is None
 
 
-async def test_a_relation_edge_stated_again_later_holds_again(memory_store: MemoryStore, alice: World) -> None:
+async def test_a_relation_edge_stated_again_later_holds_again(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
     end = alice.change_set(["m3"], []).model_copy(
         update={"edge_invalidations": [ended(alice, "lives_paris", "t_berlin", T2024)]}
     )
-    await memory_store.apply(end, [])
+    await memory_store.writer.apply(end, [])
     edge = alice.edges["lives_paris"]
     earlier = alice.change_set(["m4"], []).model_copy(update={"edges": [edge.model_copy(update={"t_valid": T2023})]})
-    await memory_store.apply(earlier, [])  # about a time before it ended (a late event, a replay): still ended
+    await memory_store.writer.apply(earlier, [])  # about a time before it ended (a late event, a replay): still ended
     assert (await edge_of(memory_store, alice, "lives_paris")).t_invalid == T2024
     again = datetime(2025, 1, 1, tzinfo=UTC)
     later = alice.change_set(["m5"], []).model_copy(update={"edges": [edge.model_copy(update={"t_valid": again})]})
-    await memory_store.apply(later, [])
+    await memory_store.writer.apply(later, [])
     paris = await edge_of(memory_store, alice, "lives_paris")
     assert paris.t_invalid is None and paris.invalidated_by is None and paris.t_expired is None
 
 
-async def test_change_set_for_another_user_is_refused(memory_store: MemoryStore, alice: World, bob: World) -> None:
+async def test_change_set_for_another_user_is_refused(memory_store: Stores, alice: World, bob: World) -> None:
     mixed = alice.change_set(["m1"], FIRST).model_copy(update={"vertices": [bob.vertices["paris"]]})
     with pytest.raises(ValueError):
-        await memory_store.apply(mixed, [])
-    assert (await memory_store.stats("alice")).events == 0
+        await memory_store.writer.apply(mixed, [])
+    assert (await memory_store.graph.stats("alice")).events == 0
 
 
-# -- announcements (AnnouncementLog: every MemoryStore keeps its change sets' memory updates until announced) --------
+# -- announcements (AnnouncementLog: every backend keeps its change sets' memory updates until announced) --------
 
 
-def announcements(store: MemoryStore) -> AnnouncementLog:
-    assert isinstance(store, AnnouncementLog), f"{type(store).__name__} must keep an announcement log"
-    return store
+def announcements(stores: Stores) -> AnnouncementLog:
+    return stores.announcements
 
 
-async def test_a_written_change_set_is_pending_until_announced(memory_store: MemoryStore, alice: World) -> None:
+async def test_a_written_change_set_is_pending_until_announced(memory_store: Stores, alice: World) -> None:
     log = announcements(memory_store)
     change_set = alice.change_set(["m1"], FIRST).model_copy(update={"llm_calls": 2, "event_time": T2023})
-    result = await memory_store.apply(change_set, alice.items(FIRST))
+    result = await memory_store.writer.apply(change_set, alice.items(FIRST))
     written = result.announcement
     assert written is not None
     assert (written.change_set_id, written.user_id, written.event_ids) == (change_set.id, "alice", ["m1"])
@@ -283,19 +284,17 @@ async def test_a_written_change_set_is_pending_until_announced(memory_store: Mem
     assert await log.pending_announcements("alice", ["m9"]) == []
 
     # a replay writes nothing and announces nothing new; the pending announcement stays as it was written
-    replay = await memory_store.apply(change_set, alice.items(FIRST))
+    replay = await memory_store.writer.apply(change_set, alice.items(FIRST))
     assert replay.announcement is None
     assert await log.pending_announcements("alice", ["m1"]) == [written]
 
     await log.mark_announced("alice", [change_set.id, "c_unknown"])
     assert await log.pending_announcements("alice", ["m1"]) == []
-    assert (await memory_store.apply(change_set, alice.items(FIRST))).announcement is None
+    assert (await memory_store.writer.apply(change_set, alice.items(FIRST))).announcement is None
     assert await log.pending_announcements("alice", ["m1"]) == []
 
 
-async def test_pending_announcements_come_oldest_first_and_per_change_set(
-    memory_store: MemoryStore, alice: World
-) -> None:
+async def test_pending_announcements_come_oldest_first_and_per_change_set(memory_store: Stores, alice: World) -> None:
     log = announcements(memory_store)
     await load(memory_store, alice)
     pending = await log.pending_announcements("alice", ["m2", "m1"])
@@ -304,7 +303,7 @@ async def test_pending_announcements_come_oldest_first_and_per_change_set(
     assert [a.event_ids for a in await log.pending_announcements("alice", ["m1", "m2"])] == [["m2"]]
 
 
-async def test_announcements_are_per_user(memory_store: MemoryStore, alice: World, bob: World) -> None:
+async def test_announcements_are_per_user(memory_store: Stores, alice: World, bob: World) -> None:
     log = announcements(memory_store)
     await load(memory_store, alice, second=False)
     await load(memory_store, bob, second=False)
@@ -317,22 +316,22 @@ async def test_announcements_are_per_user(memory_store: MemoryStore, alice: Worl
 # -- graph reads ------------------------------------------------------------------------------------------------------
 
 
-async def test_get_vertices_round_trips(memory_store: MemoryStore, alice: World) -> None:
+async def test_get_vertices_round_trips(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice, second=False)
     wanted = [alice.id[k] for k in ("alice", "t_paris", "e1")] + ["o_missing"]
-    got = await memory_store.get_vertices("alice", wanted)
+    got = await memory_store.graph.get_vertices("alice", wanted)
     assert got == {alice.id[k]: alice.vertices[k] for k in ("alice", "t_paris", "e1")}
 
 
-async def test_find_objects_by_normalized_name(memory_store: MemoryStore, alice: World) -> None:
+async def test_find_objects_by_normalized_name(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice, second=False)
-    found = await memory_store.find_objects("alice", [ids.normalize_name("The  ALICE"), "paris", "nobody"])
+    found = await memory_store.graph.find_objects("alice", [ids.normalize_name("The  ALICE"), "paris", "nobody"])
     assert {key: v.id for key, v in found.items()} == {"alice": alice.id["alice"], "paris": alice.id["paris"]}
 
 
-async def test_neighbors_both_directions_keep_edge_direction(memory_store: MemoryStore, alice: World) -> None:
+async def test_neighbors_both_directions_keep_edge_direction(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
-    triplets = await memory_store.neighbors("alice", [alice.id["paris"]])
+    triplets = await memory_store.graph.neighbors("alice", [alice.id["paris"]])
     by_edge = {t.edge.id: t for t in triplets}
     assert set(by_edge) == {alice.id["lives_paris"], alice.id["p_tp"]}
     incoming = by_edge[alice.id["lives_paris"]]  # paris is the target: start stays alice
@@ -342,60 +341,60 @@ async def test_neighbors_both_directions_keep_edge_direction(memory_store: Memor
     assert (outgoing.start.id, outgoing.end.id) == (alice.id["paris"], alice.id["t_paris"])
 
 
-async def test_get_triplets_by_edge_id_is_scoped_to_the_user(
-    memory_store: MemoryStore, alice: World, bob: World
-) -> None:
+async def test_get_triplets_by_edge_id_is_scoped_to_the_user(memory_store: Stores, alice: World, bob: World) -> None:
     await load(memory_store, alice)
     await load(memory_store, bob)
     wanted = [alice.id["lives_paris"], alice.id["p_tp"], "missing"]
-    found = await memory_store.get_triplets("alice", wanted)
+    found = await memory_store.graph.get_triplets("alice", wanted)
     assert set(found) == {alice.id["lives_paris"], alice.id["p_tp"]}
     assert found[alice.id["lives_paris"]].text == "Alice lives in Paris"
-    assert await memory_store.get_triplets("bob", [alice.id["lives_paris"]]) == {}
-    assert await memory_store.get_triplets("alice", []) == {}
+    assert await memory_store.graph.get_triplets("bob", [alice.id["lives_paris"]]) == {}
+    assert await memory_store.graph.get_triplets("alice", []) == {}
 
 
-async def test_neighbors_of_a_frontier_in_one_call(memory_store: MemoryStore, alice: World) -> None:
+async def test_neighbors_of_a_frontier_in_one_call(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
-    triplets = await memory_store.neighbors("alice", [alice.id["paris"], alice.id["alice"], alice.id["t_paris"]])
+    triplets = await memory_store.graph.neighbors("alice", [alice.id["paris"], alice.id["alice"], alice.id["t_paris"]])
     edge_ids = [t.edge.id for t in triplets]
     assert len(edge_ids) == len(set(edge_ids)), "an edge between two frontier vertices comes back once"
     expected = ["lives_paris", "p_tp", "lives_berlin", "knows_bob", "a_tp", "a_tb", "tp_e1"]
     assert set(edge_ids) == {alice.id[k] for k in expected}
 
 
-async def test_neighbors_edge_kind_filter_and_limit(memory_store: MemoryStore, alice: World) -> None:
+async def test_neighbors_edge_kind_filter_and_limit(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
-    relations = await memory_store.neighbors("alice", [alice.id["alice"]], edge_kinds=[EdgeKind.RELATION])
+    relations = await memory_store.graph.neighbors("alice", [alice.id["alice"]], edge_kinds=[EdgeKind.RELATION])
     assert {t.edge.id for t in relations} == {alice.id[k] for k in ("lives_paris", "lives_berlin", "knows_bob")}
     assert all(t.edge.kind is EdgeKind.RELATION for t in relations)
 
-    episodic = await memory_store.neighbors("alice", [alice.id["t_paris"]], edge_kinds=[EdgeKind.EPISODIC])
+    episodic = await memory_store.graph.neighbors("alice", [alice.id["t_paris"]], edge_kinds=[EdgeKind.EPISODIC])
     assert [(t.start.id, t.end.id) for t in episodic] == [(alice.id["t_paris"], alice.id["e1"])]
 
-    limited = await memory_store.neighbors("alice", [alice.id["alice"], alice.id["paris"]], limit_per_vertex=1)
+    limited = await memory_store.graph.neighbors("alice", [alice.id["alice"], alice.id["paris"]], limit_per_vertex=1)
     assert len(limited) == 2
-    assert await memory_store.neighbors("alice", []) == []
+    assert await memory_store.graph.neighbors("alice", []) == []
 
 
-async def test_valid_theses_after_invalidation(memory_store: MemoryStore, alice: World) -> None:
+async def test_valid_theses_after_invalidation(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice, second=False)
-    assert [v.id for v in await memory_store.valid_theses("alice")] == [alice.id["t_paris"]]
+    assert [v.id for v in await memory_store.graph.valid_theses("alice")] == [alice.id["t_paris"]]
 
     await load(memory_store, alice)
-    assert [v.id for v in await memory_store.valid_theses("alice")] == [alice.id["t_berlin"]]
-    assert [v.id for v in await memory_store.valid_theses("alice", about=[alice.id["alice"]])] == [alice.id["t_berlin"]]
-    assert await memory_store.valid_theses("alice", about=[alice.id["paris"]]) == []
-    assert await memory_store.valid_theses("alice", about=[]) == []
+    assert [v.id for v in await memory_store.graph.valid_theses("alice")] == [alice.id["t_berlin"]]
+    assert [v.id for v in await memory_store.graph.valid_theses("alice", about=[alice.id["alice"]])] == [
+        alice.id["t_berlin"]
+    ]
+    assert await memory_store.graph.valid_theses("alice", about=[alice.id["paris"]]) == []
+    assert await memory_store.graph.valid_theses("alice", about=[]) == []
 
-    old = (await memory_store.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]]
+    old = (await memory_store.graph.get_vertices("alice", [alice.id["t_paris"]]))[alice.id["t_paris"]]
     assert (old.t_invalid, old.t_expired, old.invalidated_by) == (T2024, T2024, alice.id["t_berlin"])
     assert old.valid_at(datetime(2023, 12, 31, tzinfo=UTC)) and not old.valid_at(None)
 
 
-async def test_stats(memory_store: MemoryStore, alice: World) -> None:
+async def test_stats(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
-    stats = await memory_store.stats("alice")
+    stats = await memory_store.graph.stats("alice")
     assert stats.user_id == "alice"
     assert {k: n for k, n in stats.vertices.items() if n} == {"object": 4, "thesis": 2, "episodic": 2}
     assert {k: n for k, n in stats.edges.items() if n} == {"relation": 3, "thesis": 4, "episodic": 2}
@@ -405,41 +404,41 @@ async def test_stats(memory_store: MemoryStore, alice: World) -> None:
 # -- search -----------------------------------------------------------------------------------------------------------
 
 
-async def test_dense_search_scores_cosine_and_filters_kinds(memory_store: MemoryStore, alice: World) -> None:
+async def test_dense_search_scores_cosine_and_filters_kinds(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
-    objects = await memory_store.search("alice", ["object"], unit(2), k=2)
+    objects = await memory_store.vectors.search("alice", ["object"], unit(2), k=2)
     assert objects[0].id == alice.id["paris"] and objects[0].score == pytest.approx(1.0, abs=1e-5)
     assert objects[1].score == pytest.approx(0.0, abs=1e-5)
 
-    theses = await memory_store.search("alice", ["thesis"], unit(0, 2), k=10)
+    theses = await memory_store.vectors.search("alice", ["thesis"], unit(0, 2), k=10)
     assert [h.id for h in theses] == [alice.id["t_paris"], alice.id["t_berlin"]]
     assert [h.score for h in theses] == pytest.approx([1.0, 0.5], abs=1e-5)
 
-    mixed = await memory_store.search("alice", ["thesis", "triplet"], unit(0, 2, 4), k=3)
+    mixed = await memory_store.vectors.search("alice", ["thesis", "triplet"], unit(0, 2, 4), k=3)
     assert mixed[0].id == alice.id["lives_paris"]
     assert {h.id for h in mixed} <= {
         alice.id[k] for k in ("lives_paris", "lives_berlin", "knows_bob", "t_paris", "t_berlin")
     }
 
 
-async def test_dense_search_restrict_to(memory_store: MemoryStore, alice: World) -> None:
+async def test_dense_search_restrict_to(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
     allowed = [alice.id["berlin"], alice.id["t_berlin"], "o_not_there"]
-    hits = await memory_store.search("alice", [], unit(2), k=10, restrict_to=allowed)
+    hits = await memory_store.vectors.search("alice", [], unit(2), k=10, restrict_to=allowed)
     assert {h.id for h in hits} == {alice.id["berlin"], alice.id["t_berlin"]}
-    assert await memory_store.search("alice", [], unit(2), k=10, restrict_to=[]) == []
+    assert await memory_store.vectors.search("alice", [], unit(2), k=10, restrict_to=[]) == []
 
 
-async def test_lexical_search_bm25(memory_store: MemoryStore, alice: World) -> None:
+async def test_lexical_search_bm25(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
-    hits = await memory_store.search("alice", ["thesis"], None, "Where does Alice live: Berlin?", k=5)
+    hits = await memory_store.vectors.search("alice", ["thesis"], None, "Where does Alice live: Berlin?", k=5)
     assert [h.id for h in hits] == [alice.id["t_berlin"], alice.id["t_paris"]]
     assert hits[0].score > hits[1].score > 0
 
-    episodes = await memory_store.search("alice", ["episodic"], None, "moved", k=5)
+    episodes = await memory_store.vectors.search("alice", ["episodic"], None, "moved", k=5)
     assert [h.id for h in episodes] == [alice.id["e1"]]
 
-    restricted = await memory_store.search("alice", [], None, "Paris", k=10, restrict_to=[alice.id["e2"]])
+    restricted = await memory_store.vectors.search("alice", [], None, "Paris", k=10, restrict_to=[alice.id["e2"]])
     assert [h.id for h in restricted] == [alice.id["e2"]]
 
 
@@ -456,32 +455,32 @@ async def test_lexical_search_bm25(memory_store: MemoryStore, alice: World) -> N
         "'; DROP TABLE x; --",
     ],
 )
-async def test_lexical_query_syntax_in_user_text_is_harmless(
-    memory_store: MemoryStore, alice: World, text: str
-) -> None:
+async def test_lexical_query_syntax_in_user_text_is_harmless(memory_store: Stores, alice: World, text: str) -> None:
     await load(memory_store, alice)
-    hits = await memory_store.search("alice", [], None, text, k=10)
+    hits = await memory_store.vectors.search("alice", [], None, text, k=10)
     assert all(h.id in alice.id.values() for h in hits)
-    assert await memory_store.search("alice", [], None, "?!.,;", k=10) == []
+    assert await memory_store.vectors.search("alice", [], None, "?!.,;", k=10) == []
 
 
-async def test_hybrid_search_fuses_both_rankings(memory_store: MemoryStore, alice: World) -> None:
+async def test_hybrid_search_fuses_both_rankings(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
     # dense ranks Paris 1st and Berlin 2nd; lexical finds only Berlin: 1/61 + 1/62 beats 1/61
-    hits = await memory_store.search("alice", ["thesis"], unit(0, 2), "Berlin", k=10)
+    hits = await memory_store.vectors.search("alice", ["thesis"], unit(0, 2), "Berlin", k=10)
     assert [h.id for h in hits] == [alice.id["t_berlin"], alice.id["t_paris"]]
     assert [h.score for h in hits] == pytest.approx([1 / 61 + 1 / 62, 1 / 61])
     # first in both lists
-    top = await memory_store.search("alice", ["thesis"], unit(0, 3), "Berlin", k=1)
+    top = await memory_store.vectors.search("alice", ["thesis"], unit(0, 3), "Berlin", k=1)
     assert top[0].id == alice.id["t_berlin"] and top[0].score == pytest.approx(2 / 61)
 
-    restricted = await memory_store.search("alice", [], unit(0, 3), "Berlin", k=10, restrict_to=[alice.id["t_paris"]])
+    restricted = await memory_store.vectors.search(
+        "alice", [], unit(0, 3), "Berlin", k=10, restrict_to=[alice.id["t_paris"]]
+    )
     assert [h.id for h in restricted] == [alice.id["t_paris"]]
 
 
-async def test_get_vectors(memory_store: MemoryStore, alice: World) -> None:
+async def test_get_vectors(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice)
-    got = await memory_store.get_vectors("alice", [alice.id["t_paris"], alice.id["lives_paris"], "missing"])
+    got = await memory_store.vectors.get_vectors("alice", [alice.id["t_paris"], alice.id["lives_paris"], "missing"])
     assert set(got) == {alice.id["t_paris"], alice.id["lives_paris"]}
     assert got[alice.id["t_paris"]] == pytest.approx(unit(0, 2), abs=1e-6)
 
@@ -489,36 +488,36 @@ async def test_get_vectors(memory_store: MemoryStore, alice: World) -> None:
 # -- isolation --------------------------------------------------------------------------------------------------------
 
 
-async def test_users_never_see_each_other(memory_store: MemoryStore, alice: World, bob: World) -> None:
+async def test_users_never_see_each_other(memory_store: Stores, alice: World, bob: World) -> None:
     await load(memory_store, alice)
     await load(memory_store, bob, second=False)  # same names, texts and event ids; bob never moved to Berlin
     bob_ids = list(bob.id.values())
     assert not set(bob_ids) & set(alice.id.values())
 
-    assert await memory_store.get_vertices("alice", bob_ids) == {}
-    assert await memory_store.get_vectors("alice", bob_ids) == {}
-    assert await memory_store.neighbors("alice", bob_ids) == []
-    assert await memory_store.valid_theses("alice", about=bob_ids) == []
-    found = await memory_store.find_objects("alice", ["alice", "paris", "berlin"])
+    assert await memory_store.graph.get_vertices("alice", bob_ids) == {}
+    assert await memory_store.vectors.get_vectors("alice", bob_ids) == {}
+    assert await memory_store.graph.neighbors("alice", bob_ids) == []
+    assert await memory_store.graph.valid_theses("alice", about=bob_ids) == []
+    found = await memory_store.graph.find_objects("alice", ["alice", "paris", "berlin"])
     assert {v.id for v in found.values()} == {alice.id["alice"], alice.id["paris"], alice.id["berlin"]}
-    assert await memory_store.seen_events("bob", ["m1", "m2"]) == {"m1"}
+    assert await memory_store.graph.seen_events("bob", ["m1", "m2"]) == {"m1"}
 
     for user, own in (("alice", alice), ("bob", bob)):
         mine = set(own.id.values())
         for hits in (
-            await memory_store.search(user, [], unit(2), k=50),
-            await memory_store.search(user, [], None, "Alice Paris Berlin", k=50),
-            await memory_store.search(user, [], unit(2), "Alice Paris", k=50),
-            await memory_store.search(user, [], unit(2), k=50, restrict_to=bob_ids + list(alice.id.values())),
+            await memory_store.vectors.search(user, [], unit(2), k=50),
+            await memory_store.vectors.search(user, [], None, "Alice Paris Berlin", k=50),
+            await memory_store.vectors.search(user, [], unit(2), "Alice Paris", k=50),
+            await memory_store.vectors.search(user, [], unit(2), k=50, restrict_to=bob_ids + list(alice.id.values())),
         ):
             assert hits and {h.id for h in hits} <= mine
-        triplets = await memory_store.neighbors(user, [own.id["alice"], own.id["t_paris"]])
+        triplets = await memory_store.graph.neighbors(user, [own.id["alice"], own.id["t_paris"]])
         assert triplets and all(v.user_id == user for t in triplets for v in (t.start, t.end))
         assert all(t.edge.user_id == user for t in triplets)
-        assert all(v.user_id == user for v in await memory_store.valid_theses(user))
+        assert all(v.user_id == user for v in await memory_store.graph.valid_theses(user))
 
-    assert [v.id for v in await memory_store.valid_theses("bob")] == [bob.id["t_paris"]]
-    alice_stats, bob_stats = await memory_store.stats("alice"), await memory_store.stats("bob")
+    assert [v.id for v in await memory_store.graph.valid_theses("bob")] == [bob.id["t_paris"]]
+    alice_stats, bob_stats = await memory_store.graph.stats("alice"), await memory_store.graph.stats("bob")
     assert (alice_stats.theses_invalidated, alice_stats.events, alice_stats.vertices["object"]) == (1, 2, 4)
     assert (bob_stats.theses_invalidated, bob_stats.events, bob_stats.vertices["object"]) == (0, 1, 3)
-    assert (await memory_store.stats("carol")).events == 0
+    assert (await memory_store.graph.stats("carol")).events == 0

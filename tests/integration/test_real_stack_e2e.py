@@ -24,8 +24,8 @@ from memstream.runtime import Stack
 from schemas.events import ChatMessage, MemoryUpdate
 from services.adapters.remote import RemoteMemoryStore
 from services.domain import Stats
-from services.gateway.client import GatewayClient
 from services.settings import Settings
+from streams.gateway.client import GatewayClient
 from streams.topics import TopicNames
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -33,10 +33,10 @@ from services.adapters.dgraph import DgraphGraphStore
 from services.adapters.remote import RemoteMemoryStore
 from services.adapters.weaviate import WeaviateVectorStore
 from services.domain import ChangeSet, Vertex, VertexKind
-from services.kafka_security import kafka_client_options
 from services.ports import VectorItem
 from services.settings import Settings
 from streams.background import tail_consumer
+from streams.kafka_security import kafka_client_options
 from streams.topics import TopicNames, ensure_topics
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -303,9 +303,9 @@ def test_the_gateway_publishes_and_reads_back_on_the_secured_broker(settings: Se
     from fastapi.testclient import TestClient
 
     from schemas.events import Answer, AnswerStatus
-    from services.gateway.app import create_app
-    from services.gateway.client import bearer
     from streams.codec import encode
+    from streams.gateway.app import create_app
+    from streams.gateway.client import bearer
     from tests.conftest import api_key
 
     assert settings.broker

@@ -1,4 +1,5 @@
-"""``SqliteMemoryStore``: the embedded MemoryStore and KeyValueCache in one SQLite file (apsw + sqlite-vec).
+"""``SqliteMemoryStore``: every store port of the embedded backend (graph, vectors, writes, announcements, forgetting
+and the LLM cache) in one SQLite file (apsw + sqlite-vec).
 
 apsw is synchronous, so every call runs on a worker thread and the event loop never waits on disk. Writes go
 through one writer thread (one connection), so they are serialised within the process; across processes, WAL mode
@@ -29,11 +30,14 @@ from services.ports import (
     AnnouncementLog,
     CacheScope,
     ForgetStore,
+    GraphStore,
     KeyValueCache,
-    MemoryStore,
+    MemoryWriter,
+    Stores,
     Vector,
     VectorHit,
     VectorItem,
+    VectorStore,
 )
 
 from . import read, search
@@ -52,7 +56,7 @@ READ_LATENCY = Histogram(
 log = get_logger(__name__)
 
 
-class SqliteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache, ForgetStore):
+class SqliteMemoryStore(GraphStore, VectorStore, MemoryWriter, AnnouncementLog, KeyValueCache, ForgetStore):
     def __init__(self, path: Path | str, dim: int, readers: int = 2) -> None:
         if dim <= 0:
             raise ValueError("dim must be positive")
@@ -125,7 +129,13 @@ class SqliteMemoryStore(MemoryStore, AnnouncementLog, KeyValueCache, ForgetStore
         await asyncio.to_thread(shutdown)
         log.info("sqlite_store_closed", path=str(self.path))
 
-    # -- MemoryStore -------------------------------------------------------------------------------------------
+    def stores(self) -> Stores:
+        """Every store port, served by this one file."""
+        return Stores(
+            graph=self, vectors=self, writer=self, announcements=self, forget=self, cache=self, close=self.close
+        )
+
+    # -- MemoryWriter ------------------------------------------------------------------------------------------
 
     async def apply(self, change_set: ChangeSet, vectors: Sequence[VectorItem]) -> ApplyResult:
         started = time.perf_counter()
