@@ -743,3 +743,32 @@ async def test_a_step_that_asks_the_question_itself_gives_the_answer(
     answer = await make_qa(films, embedder, ScriptedLLM(responders)).answer(query(question), events)
     assert answer.answer == "Curtis Bernhardt country of citizenship Germany"
     assert events.of(9)[-1].detail["answer_of_step"] == answer.plan[1].id
+
+
+async def test_no_verdict_before_the_step_that_asks_the_question_itself(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    """A plan that asks the question itself after a preliminary step searches it before sufficiency may stop: the
+    default model, in a new-user trial, called the preliminary finding ("Who is Tom?": a teacher, said in April)
+    sufficient for "Where does Tom work now?" and never read September's new job."""
+    question = "What country is Curtis Bernhardt from?"
+    reader = Reader(
+        {n for s, _, o in FILMS for n in (s, o)},
+        plan=lambda q: ["Who is the director of the film Payment On Demand?", q],
+    )
+    responders = reader.responders()
+
+    def any_finding(request: LLMRequest) -> dict[str, Any]:
+        found = answers_of(block(last(request), "Findings"))
+        return {"sufficient": bool(found), "answer": found[-1] if found else ""}
+
+    responders["sufficiency"] = any_finding
+    events = Events()
+    llm = ScriptedLLM(responders)
+    answer = await make_qa(films, embedder, llm).answer(query(question), events)
+    assert answer.answer == "Curtis Bernhardt country of citizenship Germany"
+    assert [s.answer is not None for s in answer.plan] == [True, True]
+    first, last_verdict = events.of(9)
+    assert first.status is StageStatus.SKIPPED and first.detail["reason"] == "the question's own step is still to come"
+    assert last_verdict.status is StageStatus.OK
+    assert len(llm.calls_for("sufficiency")) == 1  # the skipped verdict cost no call

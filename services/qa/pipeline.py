@@ -393,6 +393,14 @@ class _Run:
                 # Nothing new was learnt, so the last verdict (not enough) stands: save the call.
                 scope.status = StageStatus.SKIPPED
                 return False
+            own = ids.normalize_text(sq.text)
+            if any(ids.normalize_text(s.text) == own for s in sq.pending):
+                # The plan still holds the question itself: its search comes before any verdict. Asked "Where does
+                # Tom work now?" after "Who is Tom?" had found "a chemistry teacher" (said in April), the default
+                # model judged that sufficient and never reached the step that would have found September's job.
+                scope.status = StageStatus.SKIPPED
+                scope.detail["reason"] = "the question's own step is still to come"
+                return False
             try:
                 steps_left = min(len(sq.pending), self.config.max_steps - len(sq.done))
                 inputs = SufficiencyInput(question=sq.text, findings=sq.findings, steps_left=steps_left)
