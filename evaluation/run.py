@@ -17,7 +17,7 @@ import platform
 import random
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,6 +77,7 @@ class EvalConfig:
     data: Path | None = None
     corpus: Path | None = None
     questions: int | None = None  # end-to-end sample; the documents datasets also memorize only theirs
+    per_category: bool = False  # the sample is ``questions`` of each category (type) instead of in all
     seed: int = 0
     samples: set[str] | None = None
     sessions: int | None = None  # LoCoMo: the first N sessions of each conversation
@@ -188,6 +189,28 @@ class Arm:
     options: QueryOptions = field(default_factory=QueryOptions)
     #: why it is not run on this engine (a query option the simple QA has no use for); None: it runs
     skip: str | None = None
+
+
+def sample_questions(
+    questions: Sequence[EvalQuestion], n: int | None, seed: int, per_category: bool = False
+) -> list[EvalQuestion]:
+    """``n`` questions drawn with ``seed``, in dataset order: in all, or of each category (a category with fewer
+    gives all of its own); ``None``: every question."""
+    if n is None:
+        return list(questions)
+    if not per_category:
+        if n >= len(questions):
+            return list(questions)
+        return [questions[i] for i in sorted(random.Random(seed).sample(range(len(questions)), n))]
+    rng = random.Random(seed)
+    by_category: dict[str, list[int]] = {}
+    for i, q in enumerate(questions):
+        by_category.setdefault(q.category, []).append(i)
+    chosen: list[int] = []
+    for category in sorted(by_category):
+        members = by_category[category]
+        chosen += members if n >= len(members) else rng.sample(members, n)
+    return [questions[i] for i in sorted(chosen)]
 
 
 class Harness:
@@ -382,11 +405,9 @@ class Harness:
         return arms
 
     def sample(self) -> list[EvalQuestion]:
-        questions = self.dataset.questions
-        n = self.config.questions
-        if n is None or n >= len(questions):
-            return list(questions)
-        return [questions[i] for i in sorted(random.Random(self.config.seed).sample(range(len(questions)), n))]
+        return sample_questions(
+            self.dataset.questions, self.config.questions, self.config.seed, self.config.per_category
+        )
 
     async def _evidence_items(
         self, q: EvalQuestion, answer: Answer, store: SqliteMemoryStore

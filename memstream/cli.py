@@ -517,6 +517,9 @@ def eval_(
     questions: Annotated[
         int | None, typer.Option(min=1, help="answer N sampled questions (documents datasets: memorize only theirs)")
     ] = None,
+    per_category: Annotated[
+        bool, typer.Option(help="--questions N of each category (question type) instead of N in all")
+    ] = False,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
     sample: Annotated[list[str] | None, typer.Option(help="LoCoMo sample_id (repeatable)")] = None,
     sessions: Annotated[
@@ -562,6 +565,7 @@ def eval_(
         data=data,
         corpus=corpus,
         questions=questions,
+        per_category=per_category,
         seed=seed,
         samples=set(sample) if sample else None,
         sessions=sessions,

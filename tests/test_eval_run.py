@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from evaluation import datasets
 from evaluation.ablations import parse
 from evaluation.baselines import FullContext
-from evaluation.run import RETRIEVERS, EvalConfig, evaluate
+from evaluation.run import RETRIEVERS, EvalConfig, evaluate, sample_questions
 from memstream.cli import app
 from schemas.events import Answer, Query, QueryOptions
 from services.llm.scripted import ScriptedLLM
@@ -266,3 +266,17 @@ def test_ablation_specs_parse_and_misspelt_ones_are_refused(tmp_path: Path) -> N
     result = CliRunner().invoke(app, [*args, "--ablation", "x"])
     assert result.exit_code != 0 and "unknown ablation" in result.output
     assert not (tmp_path / "r").exists()  # refused before anything was memorized
+
+
+def test_a_sample_per_category_draws_n_of_each_in_dataset_order() -> None:
+    questions = [
+        datasets.EvalQuestion(id=f"q{i}", user_id="u", text=f"question {i}", answers=["a"], category=category)
+        for i, category in enumerate(["single-hop"] * 6 + ["temporal"] * 5 + ["multi-hop"] * 1)
+    ]
+    picked = sample_questions(questions, 2, seed=3, per_category=True)
+    counts = {c: sum(q.category == c for q in picked) for c in ("single-hop", "temporal", "multi-hop")}
+    assert counts == {"single-hop": 2, "temporal": 2, "multi-hop": 1}  # a category with fewer gives all it has
+    assert [q.id for q in picked] == sorted((q.id for q in picked), key=lambda i: int(i[1:]))
+    assert picked == sample_questions(questions, 2, seed=3, per_category=True)  # the seed decides
+    assert len(sample_questions(questions, 2, seed=3)) == 2  # in all, as before
+    assert sample_questions(questions, None, seed=3, per_category=True) == questions
