@@ -722,26 +722,37 @@ async def test_clues_with_the_same_memory_are_read_once(films: SqliteMemoryStore
     assert sorted(e.status.value for e in clue_stage) == ["ok", "skipped", "skipped"]
 
 
-async def test_a_step_that_asks_the_question_itself_gives_the_answer(
-    films: SqliteMemoryStore, embedder: MiniLMEmbedder
-) -> None:
-    """Sufficiency over several findings answered with an earlier, unrelated one (the default model, in a new-user
-    trial: "Who is Maya?" for "Where does Maya work now?"); the step that asked the question itself wins."""
-    question = "What country is Curtis Bernhardt from?"
+#: "What country is Curtis Bernhardt from?" planned as a preliminary step, then the question itself
+BERNHARDT = "What country is Curtis Bernhardt from?"
+BERNHARDT_ANSWER = "Curtis Bernhardt country of citizenship Germany"
+
+
+def preliminary_then_question(sufficiency: Responder) -> ScriptedLLM:
+    """The film reader with a plan of a preliminary step ("Who is the director of ...?") then the question itself,
+    and ``sufficiency`` as the sufficiency verdict."""
     reader = Reader(
         {n for s, _, o in FILMS for n in (s, o)},
         plan=lambda q: ["Who is the director of the film Payment On Demand?", q],
     )
     responders = reader.responders()
+    responders["sufficiency"] = sufficiency
+    return ScriptedLLM(responders)
+
+
+async def test_a_step_that_asks_the_question_itself_gives_the_answer(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    """Sufficiency over several findings answered with an earlier, unrelated one (the default model, in a new-user
+    trial: "Who is Maya?" for "Where does Maya work now?"); the step that asked the question itself wins."""
 
     def first_finding(request: LLMRequest) -> dict[str, Any]:
         found = answers_of(block(last(request), "Findings"))
         return {"sufficient": len(found) >= 2, "answer": found[0] if found else ""}
 
-    responders["sufficiency"] = first_finding
     events = Events()
-    answer = await make_qa(films, embedder, ScriptedLLM(responders)).answer(query(question), events)
-    assert answer.answer == "Curtis Bernhardt country of citizenship Germany"
+    llm = preliminary_then_question(first_finding)
+    answer = await make_qa(films, embedder, llm).answer(query(BERNHARDT), events)
+    assert answer.answer == BERNHARDT_ANSWER
     assert events.of(9)[-1].detail["answer_of_step"] == answer.plan[1].id
 
 
@@ -751,22 +762,15 @@ async def test_no_verdict_before_the_step_that_asks_the_question_itself(
     """A plan that asks the question itself after a preliminary step searches it before sufficiency may stop: the
     default model, in a new-user trial, called the preliminary finding ("Who is Tom?": a teacher, said in April)
     sufficient for "Where does Tom work now?" and never read September's new job."""
-    question = "What country is Curtis Bernhardt from?"
-    reader = Reader(
-        {n for s, _, o in FILMS for n in (s, o)},
-        plan=lambda q: ["Who is the director of the film Payment On Demand?", q],
-    )
-    responders = reader.responders()
 
     def any_finding(request: LLMRequest) -> dict[str, Any]:
         found = answers_of(block(last(request), "Findings"))
         return {"sufficient": bool(found), "answer": found[-1] if found else ""}
 
-    responders["sufficiency"] = any_finding
     events = Events()
-    llm = ScriptedLLM(responders)
-    answer = await make_qa(films, embedder, llm).answer(query(question), events)
-    assert answer.answer == "Curtis Bernhardt country of citizenship Germany"
+    llm = preliminary_then_question(any_finding)
+    answer = await make_qa(films, embedder, llm).answer(query(BERNHARDT), events)
+    assert answer.answer == BERNHARDT_ANSWER
     assert [s.answer is not None for s in answer.plan] == [True, True]
     first, last_verdict = events.of(9)
     assert first.status is StageStatus.SKIPPED and first.detail["reason"] == "the question's own step is still to come"
