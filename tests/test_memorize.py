@@ -163,6 +163,60 @@ async def test_contradiction_invalidates_without_deleting(store, embedder) -> No
     assert [v.id for v in await store.valid_theses("u1")] == [new_id]
 
 
+async def paris_then_berlin(store: SqliteMemoryStore, embedder: MiniLMEmbedder, one_batch: bool) -> ScriptedLLM:
+    """Anna lives in Paris (1 May), then moved to Berlin (31 May): in one memorize batch or in two."""
+    paris = fact("Anna lives in Paris.", relation="lives in", obj="Paris")
+    berlin = fact("Anna lives in Berlin.", relation="lives in", obj="Berlin")
+    messages = [msg(1, "I live in Paris."), msg(2, "I moved to Berlin!", at=T0 + timedelta(days=30))]
+    llm = ScriptedLLM()
+
+    def judge(request: Any) -> dict:
+        # the earlier fact is shown as known, with its own date, whether it came in this batch or before
+        assert "NEW (2023-05-31): Anna lives in Berlin.\n    KNOWN (2023-05-01): Anna lives in Paris." in (
+            request.messages[-1].content
+        )
+        return verdicts("updates")
+
+    llm.responders["resolve"] = judge
+    llm.responders["resolve_check"] = rule_resolve_check
+    svc = service(store, llm, embedder)
+    if one_batch:
+        llm.queue("extract", {"messages": [{"m": 1, "facts": [paris]}, {"m": 2, "facts": [berlin]}]})
+        await svc.memorize(messages)
+    else:
+        llm.queue("extract", reply(paris), reply(berlin))
+        await svc.memorize(messages[:1])
+        await svc.memorize(messages[1:])
+    return llm
+
+
+async def test_a_batch_that_holds_the_old_state_and_the_new_ends_the_old(store, embedder, tmp_path) -> None:
+    """A batch may span months of a chat history: its earlier facts are judged with its later ones, and memory ends
+    as it would have, had the two messages come in batches of their own (a new-user trial sent April's "I'm a
+    chemistry teacher" and September's "I now work at Novagen" in one batch, and nothing was judged)."""
+    llm = await paris_then_berlin(store, embedder, one_batch=True)
+    assert len(llm.calls_for("extract")) == 1 and len(llm.calls_for("resolve")) == 1
+    paris, berlin = ids.thesis_id("u1", "Anna lives in Paris."), ids.thesis_id("u1", "Anna lives in Berlin.")
+    found = await store.get_vertices("u1", [paris, berlin])
+    assert found[paris].invalidated_by == berlin and found[paris].t_invalid == T0 + timedelta(days=30)
+    assert found[berlin].t_invalid is None
+    lives_in_paris = ids.stated_relation("u1", found[paris].props)
+    edges = await store.neighbors("u1", [ids.object_id("u1", "Paris")], [EdgeKind.RELATION])
+    assert [(t.edge.id, t.edge.t_invalid) for t in edges] == [(lives_in_paris, T0 + timedelta(days=30))]
+
+    apart = SqliteMemoryStore(tmp_path / "apart.sqlite3", dim=384)
+    try:
+        await paris_then_berlin(apart, embedder, one_batch=False)
+        alone = await apart.get_vertices("u1", [paris, berlin])
+        validity = ("t_valid", "t_invalid", "t_expired", "invalidated_by")
+        assert [found[t].model_dump(include=set(validity)) for t in (paris, berlin)] == [
+            alone[t].model_dump(include=set(validity)) for t in (paris, berlin)
+        ]
+        assert (await apart.stats("u1")).theses_valid == (await store.stats("u1")).theses_valid == 1
+    finally:
+        await apart.close()
+
+
 def check_replies(*words: str) -> dict:
     return {"pairs": [{"p": n, "verdict": w} for n, w in enumerate(words, start=1)]}
 

@@ -360,42 +360,12 @@ class ChangeSetBuilder:
         return thesis_ids
 
     def _thesis(self, fact: Fact, src: Source) -> Vertex:
-        text = thesis_text(fact)
-        props = {"event_id": src.event_id, "subject": fact.subject}
-        if holder := holder_of(fact):
-            props[HOLDER] = holder
-        if fact.object and fact.relation:
-            # what a later fact is compared with: same subject and relation, another object may replace it
-            props |= {"relation": ids.normalize_text(fact.relation), "object": fact.object}
-        for end in ALIAS_ENDS:  # the name it was said with: what unmerging an alias moves back
-            alias = getattr(fact, f"{end}_alias")
-            if alias is not None:
-                props[f"{end}_alias"] = alias.said
-        if fact.when is not None:
-            props |= {
-                "when_text": fact.when.text,
-                "when_start": fact.when.start.isoformat(),
-                "when_end": fact.when.end.isoformat(),
-            }
-            props |= {f"when_{k}": "true" for k in ("ended", "open_start") if getattr(fact.when, k)}
-        elif fact.unresolved:
-            props["when_unresolved"] = fact.unresolved  # said, though no date could be read from it
-        thesis_id = ids.thesis_id(self.user_id, text)
-        t_valid, t_invalid = validity(fact.when, fact.kind, src.event_time)
-        if t_invalid is not None and thesis_id not in self._vertices:
+        thesis = thesis_vertex(self.user_id, fact, src)
+        t_invalid = validity(fact.when, fact.kind, src.event_time)[1]
+        if t_invalid is not None and thesis.id not in self._vertices:
             # its own words say it stopped: not invalidated by anything, a record of a state that ended
-            self._ended.setdefault(thesis_id, (t_invalid, src.ingest_time))
-        return Vertex(
-            id=thesis_id,
-            user_id=self.user_id,
-            kind=VertexKind.THESIS,
-            name=text,
-            props=props,
-            t_created=src.ingest_time,
-            t_valid=t_valid,
-            episode_label=EpisodeLabel(fact.kind),
-            temporal_label=TemporalLabel(fact.temporal),
-        )
+            self._ended.setdefault(thesis.id, (t_invalid, src.ingest_time))
+        return thesis
 
     def invalidate(self, old: KnownRef, new_id: str, src: Source) -> None:
         """Apply the verdict on a known thesis and a new one under the label rules (``labels.decide``): one ends
@@ -544,3 +514,41 @@ class ChangeSetBuilder:
         self.cs.invalidations = list(self._invalidated.values())
         self.cs.llm_calls = llm_calls
         return self.cs
+
+
+def thesis_vertex(user_id: str, fact: Fact, src: Source) -> Vertex:
+    """The thesis vertex of ``fact`` said in ``src``: its text, props (who, what relation to what, when) and
+    validity, as every change set writes it."""
+    text = thesis_text(fact)
+    props = {"event_id": src.event_id, "subject": fact.subject}
+    if holder := holder_of(fact):
+        props[HOLDER] = holder
+    if fact.object and fact.relation:
+        # what a later fact is compared with: same subject and relation, another object may replace it
+        props |= {"relation": ids.normalize_text(fact.relation), "object": fact.object}
+    for end in ALIAS_ENDS:  # the name it was said with: what unmerging an alias moves back
+        alias = getattr(fact, f"{end}_alias")
+        if alias is not None:
+            props[f"{end}_alias"] = alias.said
+    if fact.when is not None:
+        props |= {
+            "when_text": fact.when.text,
+            "when_start": fact.when.start.isoformat(),
+            "when_end": fact.when.end.isoformat(),
+        }
+        props |= {f"when_{k}": "true" for k in ("ended", "open_start") if getattr(fact.when, k)}
+    elif fact.unresolved:
+        props["when_unresolved"] = fact.unresolved  # said, though no date could be read from it
+    thesis_id = ids.thesis_id(user_id, text)
+    t_valid = validity(fact.when, fact.kind, src.event_time)[0]
+    return Vertex(
+        id=thesis_id,
+        user_id=user_id,
+        kind=VertexKind.THESIS,
+        name=text,
+        props=props,
+        t_created=src.ingest_time,
+        t_valid=t_valid,
+        episode_label=EpisodeLabel(fact.kind),
+        temporal_label=TemporalLabel(fact.temporal),
+    )

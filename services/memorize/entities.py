@@ -21,9 +21,7 @@ undone (``services.memorize.unmerge``). An alias once recorded resolves by its e
 
 from __future__ import annotations
 
-import math
 import unicodedata
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from rapidfuzz import fuzz, utils
@@ -39,6 +37,7 @@ from services.memorize.extraction import Alias, Fact, ItemFacts
 from services.ports import LLM, Embedder, GraphStore, VectorStore
 from services.retrieval.common import is_literal
 from services.settings import Settings
+from services.similarity import cosine
 
 log = get_logger(__name__)
 _TASK = SameEntityTask()
@@ -75,12 +74,6 @@ def _nickname(short: str, full: str) -> bool:
         and len(words[0]) > len(short)
         and words[0].casefold().startswith(short.strip().casefold())
     )
-
-
-def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
-    return dot / norm if norm else 0.0
 
 
 @dataclass(frozen=True)
@@ -183,11 +176,11 @@ class EntityResolver:
                 if target_vertex is None:
                     continue
                 target = _Target(f"k:{target_vertex.id}", target_vertex.name, target_vertex.id, True)
-                options.append(_pair(key, new[key], target, vertex.name, _cosine(vectors[key], stored[vertex.id])))
+                options.append(_pair(key, new[key], target, vertex.name, cosine(vectors[key], stored[vertex.id])))
             for other in keys:
                 if other != key:
                     target = _Target(f"n:{other}", new[other], ids.object_id(user_id, new[other]), False)
-                    options.append(_pair(key, new[key], target, new[other], _cosine(vectors[key], vectors[other])))
+                    options.append(_pair(key, new[key], target, new[other], cosine(vectors[key], vectors[other])))
             options = [p for p in options if p.clear or (self._candidate(p) and not _possessive_of(p.said, p.shown))]
             options.sort(key=lambda p: (not p.clear, -p.rank, p.target.key))
             best: dict[str, _Pair] = {}

@@ -31,7 +31,15 @@ from services.llm.layers import TRANSIENT_ERRORS, attempts_made
 from services.llm.scope import llm_scope
 from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
-from services.memorize.builder import ChangeSetBuilder, KnownRef, Source, holder_of, thesis_text, validity
+from services.memorize.builder import (
+    ChangeSetBuilder,
+    KnownRef,
+    Source,
+    holder_of,
+    thesis_text,
+    thesis_vertex,
+    validity,
+)
 from services.memorize.chunking import chunk_text
 from services.memorize.entities import EntityResolver
 from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts
@@ -40,6 +48,7 @@ from services.memorize.resolve import Pair, ResolveTask
 from services.memorize.resolve_check import CheckTask
 from services.ports import LLM, Embedder, Stores, VectorItem
 from services.settings import Settings
+from services.similarity import cosine
 
 log = get_logger(__name__)
 MemoryEvent = ChatMessage | Document
@@ -331,12 +340,14 @@ class MemorizeService:
     async def _resolve(
         self, user_id: str, units: list[_Unit], found: list[ItemFacts], vectors: dict[str, list[float]]
     ) -> tuple[dict[int, dict[int, str]], dict[int, list[tuple[int, KnownRef]]], int]:
-        """Duplicates and contradictions of the new facts among the user's valid theses, after extraction.
+        """Duplicates and contradictions of the new facts among the user's valid theses and the batch's own earlier
+        facts, after extraction.
 
         - A known thesis of the same kind about the same subject nearly equal in meaning (cosine >=
           ``duplicate_min_similarity``) is the same fact: the new one becomes a source of it, no call needed.
         - Candidates per new fact, at most ``invalidation_candidates``, among the known theses that relate its
-          subject to another entity (``_rival``): those stating the same relation ("works at Siemens" / "works at
+          subject to another entity (``_rival``), and among the facts of earlier messages of the same batch (a batch
+          may span months of a chat history): those stating the same relation ("works at Siemens" / "works at
           St. Mary's"), then its nearest by meaning (cosine >= ``contradiction_min_similarity``: "is employed by
           Bosch"). All pairs of a batch are judged by one ``resolve`` call, so calls per message
           do not grow. (A small model asked about every similar pair answers "updates" to all of them.)
@@ -370,20 +381,26 @@ class MemorizeService:
         # subjects' theses are all that is read
         subjects = sorted({fact.subject for _, _, fact in facts})
         about = {e: await self.graph.valid_theses(user_id, [ids.object_id(user_id, e)], limit=200) for e in subjects}
+        # The batch's own earlier facts are candidates too, as they would be in a batch of their own: one batch may
+        # hold the old state and the new ("I'm a chemistry teacher" in April, "I now work at Novagen" in September).
+        drafted = {
+            (u, n): thesis_vertex(user_id, fact, units[u].source) for u, n, fact in facts if n not in same_as.get(u, {})
+        }
         pairs: list[tuple[int, int, Vertex]] = []
         by_meaning: set[tuple[int, int, str]] = set()  # pairs found only by meaning, not by a shared relation
+        least = self.settings.contradiction_min_similarity
         for (unit_n, fact_n, fact), scored in zip(facts, near, strict=True):
             if fact_n in same_as.get(unit_n, {}):
                 continue
             shared = {v.id: v for v in about[fact.subject] if _rival(fact, v)}
+            own = drafted[(unit_n, fact_n)]
+            earlier = [v for (u, _), v in drafted.items() if u < unit_n and v.id != own.id and _rival(fact, v)]
             # the same relation to another entity, or (an opinion, a prediction) another relation to the same one:
             # judged whatever their wording; the rest only when near in meaning
-            rivals = [old for old in shared.values() if _same_relation(fact, old) or _same_object(fact, old)]
-            nearest = [
-                shared[hit]
-                for hit, score in scored
-                if hit in shared and score >= self.settings.contradiction_min_similarity
-            ]
+            known_or_earlier = [*shared.values(), *earlier]
+            rivals = [old for old in known_or_earlier if _same_relation(fact, old) or _same_object(fact, old)]
+            nearest = [shared[hit] for hit, score in scored if hit in shared and score >= least]
+            nearest += [v for v in earlier if cosine(vectors[own.name], vectors[v.name]) >= least]
             candidates = list({v.id: v for v in [*rivals, *nearest]}.values())
             pairs.extend((unit_n, fact_n, old) for old in candidates[: self.settings.invalidation_candidates])
             by_meaning.update((unit_n, fact_n, v.id) for v in nearest if v not in rivals)
@@ -429,6 +446,11 @@ class MemorizeService:
                 theirs = {m.id: partners[m.id].props for m in thesis_marks(old.props) if m.id in partners}
                 ref = KnownRef.of(old, known_about, verdict, theirs)
                 replaced.setdefault(unit_n, []).append((fact_n, ref))
+        # an earlier fact of the batch judged a repeat of a known thesis is not written: nothing may point at it
+        unwritten = {v.id for (u, n), v in drafted.items() if n in same_as.get(u, {})}
+        if unwritten:
+            same_as = {u: {n: t for n, t in m.items() if t not in unwritten} for u, m in same_as.items()}
+            replaced = {u: [(n, r) for n, r in refs if r.id not in unwritten] for u, refs in replaced.items()}
         return same_as, replaced, result.calls + check_calls
 
     async def _check(
