@@ -207,6 +207,24 @@ async def test_a_dynamic_thesis_is_superseded_by_a_newer_contradiction(memory: M
     assert marks(lyon) == marks(porto) == set()
 
 
+async def test_one_batch_that_holds_the_old_state_and_the_new_ends_the_old(memory: Memory) -> None:
+    """An imported history can put both statements in one memorize batch: judged as if apart, on both backends."""
+    memory.judge(PORTO, LYON, "updates")
+    await memory.say(LYON, PORTO)
+    lyon, porto = await memory.thesis(LYON), await memory.thesis(PORTO)
+    assert lyon.invalidated_by == porto.id and lyon.t_invalid == porto.t_valid and porto.t_invalid is None
+    assert (await memory.relation(LYON)).t_invalid == porto.t_valid
+    assert (await memory.relation(PORTO)).t_invalid is None
+
+
+async def test_a_static_contradiction_within_one_batch_is_marked_on_both(memory: Memory) -> None:
+    memory.judge(BORN_PORTO, BORN_LYON, "updates")
+    await memory.say(BORN_LYON, BORN_PORTO)
+    lyon, porto = await memory.thesis(BORN_LYON), await memory.thesis(BORN_PORTO)
+    assert lyon.t_invalid is None and porto.t_invalid is None
+    assert marks(lyon) == {(Mark.CONFLICTS_WITH, porto.id)} and marks(porto) == {(Mark.CONFLICTS_WITH, lyon.id)}
+
+
 async def test_a_contradicted_static_fact_is_kept_marked_until_corrected(memory: Memory) -> None:
     await memory.say(BORN_LYON)
     memory.judge(BORN_PORTO, BORN_LYON, "updates")
