@@ -408,7 +408,7 @@ class _Run:
             except TaskFailed as exc:
                 sq.failures.append(str(exc))
                 return False  # degrade: keep searching
-            asked = [s for s in sq.done if s.answer and ids.normalize_text(s.text) == ids.normalize_text(sq.text)]
+            asked = [s for s in sq.done if s.answer and ids.normalize_text(s.text) == own]
             if answer is not None and asked and asked[-1].answer != answer:
                 # A step that asked the question itself found its answer: that is the answer. Given "Who is Maya?"
                 # and "Where does Maya work now?" found, the default model answered the second with the first.
