@@ -194,6 +194,19 @@ class Stores:
     close: Callable[[], Awaitable[None]]
 
 
+class WholeBackend(GraphStore, VectorStore, MemoryWriter, AnnouncementLog, KeyValueCache, ForgetStore):
+    """A backend that serves every store port itself: the embedded SQLite file, or the Dgraph + Weaviate pair behind
+    one facade (its writes and forgetting span both servers)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    def stores(self) -> Stores:
+        return Stores(
+            graph=self, vectors=self, writer=self, announcements=self, forget=self, cache=self, close=self.close
+        )
+
+
 class Embedder(ABC):
     dim: int
     name: str

@@ -23,17 +23,11 @@ from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Eras
 from services.logging import get_logger
 from services.metrics import STORE_WRITE_LATENCY
 from services.ports import (
-    AnnouncementLog,
     CacheScope,
-    ForgetStore,
-    GraphStore,
-    KeyValueCache,
-    MemoryWriter,
-    Stores,
     Vector,
     VectorHit,
     VectorItem,
-    VectorStore,
+    WholeBackend,
 )
 from services.settings import Settings
 
@@ -52,7 +46,7 @@ def check_change_set(change_set: ChangeSet, vectors: Sequence[VectorItem], dim: 
             raise ValueError(f"vector {vector.id} has {len(vector.vector)} dimensions, the store has {dim}")
 
 
-class RemoteMemoryStore(GraphStore, VectorStore, MemoryWriter, AnnouncementLog, KeyValueCache, ForgetStore):
+class RemoteMemoryStore(WholeBackend):
     def __init__(self, graph: DgraphGraphStore, vectors: WeaviateVectorStore) -> None:
         """Both parts already open (see ``open``); the store closes them."""
         self.graph = graph
@@ -132,12 +126,6 @@ class RemoteMemoryStore(GraphStore, VectorStore, MemoryWriter, AnnouncementLog, 
             await self.vectors.close()
         finally:
             await self.graph.close()
-
-    def stores(self) -> Stores:
-        """Every store port: the writes and forgetting span both servers; reads go to the one that holds the data."""
-        return Stores(
-            graph=self, vectors=self, writer=self, announcements=self, forget=self, cache=self, close=self.close
-        )
 
     # -- writes ------------------------------------------------------------------------------------------------------
 

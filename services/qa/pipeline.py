@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.events import (
@@ -64,6 +63,7 @@ from services.qa.tasks import (
 )
 from services.retrieval.base import RetrievalRequest, Retriever
 from services.settings import Settings
+from services.similarity import cosine
 
 log = get_logger(__name__)
 
@@ -635,7 +635,7 @@ class _Run:
         targets = [v for v in (step_vector, clue_vector) if v is not None]
         scored = []
         for t in kept.values():
-            score = max((_dot(target, vectors[t.id]) for target in targets), default=1.0)
+            score = max((cosine(target, vectors[t.id]) for target in targets), default=1.0)
             if score >= self.config.filter_threshold:
                 scored.append((score, t))
         scored.sort(key=lambda pair: pair[0], reverse=True)
@@ -669,11 +669,6 @@ def _first(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
-
-
-def _dot(a: Sequence[float], b: Sequence[float]) -> float:
-    # Embedder vectors are L2-normalised, so the dot product is the cosine.
-    return float(np.dot(np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)))
 
 
 def _evidence(t: Triplet) -> EvidenceTriplet:

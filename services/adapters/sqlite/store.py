@@ -27,17 +27,11 @@ from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Eras
 from services.logging import get_logger
 from services.metrics import STORE_WRITE_LATENCY
 from services.ports import (
-    AnnouncementLog,
     CacheScope,
-    ForgetStore,
-    GraphStore,
-    KeyValueCache,
-    MemoryWriter,
-    Stores,
     Vector,
     VectorHit,
     VectorItem,
-    VectorStore,
+    WholeBackend,
 )
 
 from . import read, search
@@ -56,7 +50,7 @@ READ_LATENCY = Histogram(
 log = get_logger(__name__)
 
 
-class SqliteMemoryStore(GraphStore, VectorStore, MemoryWriter, AnnouncementLog, KeyValueCache, ForgetStore):
+class SqliteMemoryStore(WholeBackend):
     def __init__(self, path: Path | str, dim: int, readers: int = 2) -> None:
         if dim <= 0:
             raise ValueError("dim must be positive")
@@ -128,12 +122,6 @@ class SqliteMemoryStore(GraphStore, VectorStore, MemoryWriter, AnnouncementLog, 
 
         await asyncio.to_thread(shutdown)
         log.info("sqlite_store_closed", path=str(self.path))
-
-    def stores(self) -> Stores:
-        """Every store port, served by this one file."""
-        return Stores(
-            graph=self, vectors=self, writer=self, announcements=self, forget=self, cache=self, close=self.close
-        )
 
     # -- MemoryWriter ------------------------------------------------------------------------------------------
 
