@@ -345,6 +345,11 @@ def test_a_message_s_opening_words_pass_over_a_greeting_to_what_it_tells() -> No
     # nothing but pleasantries: the message's own first words
     assert _opening("Hey Mel! Good to see you! How have you been?") == "Hey Mel! Good to see"
     assert _opening("I moved to Berlin last week.") == "I moved to Berlin last"
+    # a remark on the person spoken to, or a question, tells nothing of the speaker: the news after it does
+    told = "Sorry about your job Jon, but your own business sounds awesome! Sadly, I also lost my job at Door Dash."
+    assert _opening(told) == "Sadly, I also lost my"
+    assert _opening("What jobs are you thinking of? My sister is a nurse.") == "My sister is a nurse."
+    assert _opening("Jon got the job! I'm so proud of him.") == "Jon got the job! I'm"  # news of another person
 
 
 def test_a_document_calling_itself_document_is_its_title() -> None:

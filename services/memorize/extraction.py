@@ -174,6 +174,7 @@ _PLEASANTRY = re.compile(
     re.IGNORECASE,
 )
 _FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'll|i'd|me|my|we|our)\b", re.IGNORECASE)
+_SECOND_PERSON = re.compile(r"\b(?:you|you're|you've|you'll|you'd|your|yours)\b", re.IGNORECASE)
 
 
 def _pleasantry(sentence: str) -> bool:
@@ -181,14 +182,22 @@ def _pleasantry(sentence: str) -> bool:
     return short and (_PLEASANTRY.match(sentence) is not None or sentence.rstrip().endswith("?"))
 
 
+def _tells_nothing_of_the_speaker(sentence: str) -> bool:
+    """A greeting or thanks, a question, or a remark on the person spoken to ("Sorry about your job Jon, but
+    starting your own business sounds awesome!")."""
+    about_listener = _SECOND_PERSON.search(sentence) is not None and _FIRST_PERSON.search(sentence) is None
+    return _pleasantry(sentence) or sentence.rstrip().endswith("?") or about_listener
+
+
 def _opening(text: str, words: int = 5) -> str:
     """The first words of the message's first sentence that tells something. The grammar makes the model write
-    them before the message's facts; a small model that writes "Thanks, Melanie! That's" lists nothing for a
-    message that goes on to tell its news."""
+    them before the message's facts, and a small model lists what follows them: given "Thanks, Melanie! That's"
+    or "Sorry about your job Jon, but" it lists nothing for a message that goes on to tell its news ("I also lost
+    my job at Door Dash this month")."""
     flat = " ".join(text.split())
     rest = flat
     for sentence in sentences(flat):
-        if not _pleasantry(sentence):
+        if not _tells_nothing_of_the_speaker(sentence):
             break
         rest = rest[len(sentence) :].lstrip()
     return " ".join((rest or flat).split()[:words]).replace("\\", "")
