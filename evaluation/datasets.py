@@ -37,6 +37,8 @@ class EvalQuestion:
     category: str
     evidence: list[str] = field(default_factory=list)  # gold event ids
     triples: list[tuple[str, str, str]] = field(default_factory=list)  # 2Wiki gold triples
+    #: the question has no answer in the data (LoCoMo's adversarial ones): right is saying so
+    unanswerable: bool = False
 
 
 @dataclass
@@ -115,6 +117,7 @@ def load_locomo(
                     answers=[answer],
                     category=LOCOMO_CATEGORIES.get(category, str(category)),
                     evidence=evidence,
+                    unanswerable=category == 5,
                 )
             )
     return Dataset("locomo", events, questions)

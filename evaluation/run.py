@@ -486,7 +486,11 @@ class Harness:
                 items = await self._evidence_items(q, answer, arm.store)
                 row["context"] = [i.text for i in items][:40]
                 row |= self._recall(await self._gold(q, arm.memory), q, items)
-            if self.config.judge:
+            if q.unanswerable:
+                # the judge's rubric marks "there is no answer" wrong, and a small judge is no fair grader of
+                # abstaining: here the one right answer is none, and the harness knows whether it was given
+                row |= {"judge": no_answer, "judge_reason": "unanswerable: right only if no answer is given"}
+            elif self.config.judge:
                 row |= await self._judge(q, AnswerJudgeTask(), AnswerJudgeInput(q.text, q.answers, answer.answer))
             self.rows.add(row)
         self.run_usage["answers"] = _fresh(before, _snapshot(self.llm))

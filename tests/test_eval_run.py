@@ -82,6 +82,23 @@ def test_eval_locomo_writes_results_and_report_and_a_rerun_calls_no_model(tmp_pa
     assert again_summary["ingest"]["per_message"] == summary["ingest"]["per_message"]  # the build's cost is kept
 
 
+def test_an_unanswerable_question_is_right_only_when_no_answer_is_given(tmp_path: Path) -> None:
+    # the judge's rubric marks "there is no answer" wrong: an adversarial question is scored by the harness instead
+    data = write(tmp_path, "tiny.json", TINY_LOCOMO)
+    results = tmp_path / "results"
+    args = ("locomo", "--data", str(data), "--llm", "scripted", "--results", str(results), "--adversarial")
+    run_cli(*args, "--mode", "memory", "--mode", "no_retrieval")
+    rows = [json.loads(line) for line in (results / "rows.jsonl").read_text().splitlines()]
+    adversarial = {r["mode"]: r for r in rows if r["kind"] == "answer" and r["category"] == "adversarial"}
+    assert set(adversarial) == {"memory", "no_retrieval"}
+    assert adversarial["no_retrieval"]["judge"] is True and adversarial["no_retrieval"]["no_answer"] is True
+    for row in adversarial.values():
+        assert row["judge"] is row["no_answer"] and row["judge_reason"].startswith("unanswerable")
+        assert "judge_llm" not in row  # no judge call
+    others = [r for r in rows if r["kind"] == "answer" and r["category"] != "adversarial"]
+    assert others and all("judge_llm" in r for r in others)
+
+
 def test_a_row_cut_by_a_crash_is_scored_again(tmp_path: Path) -> None:
     data = write(tmp_path, "tiny.json", TINY_LOCOMO)
     results = tmp_path / "results"
