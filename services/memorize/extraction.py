@@ -177,16 +177,15 @@ _FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'll|i'd|me|my|we|our)\b", re.IGNOR
 _SECOND_PERSON = re.compile(r"\b(?:you|you're|you've|you'll|you'd|your|yours)\b", re.IGNORECASE)
 
 
-def _pleasantry(sentence: str) -> bool:
-    short = len(sentence.split()) <= _OPENER_WORDS and _FIRST_PERSON.search(sentence) is None
-    return short and (_PLEASANTRY.match(sentence) is not None or sentence.rstrip().endswith("?"))
-
-
 def _tells_nothing_of_the_speaker(sentence: str) -> bool:
-    """A greeting or thanks, a question, or a remark on the person spoken to ("Sorry about your job Jon, but
-    starting your own business sounds awesome!")."""
-    about_listener = _SECOND_PERSON.search(sentence) is not None and _FIRST_PERSON.search(sentence) is None
-    return _pleasantry(sentence) or sentence.rstrip().endswith("?") or about_listener
+    """A question, a short greeting or thanks ("Thanks, Mel!", "Wow, that's cool!"), or a remark on the person
+    spoken to ("Sorry about your job Jon, but starting your own business sounds awesome!")."""
+    if sentence.rstrip().endswith("?"):
+        return True
+    if _FIRST_PERSON.search(sentence):
+        return False
+    greeting = len(sentence.split()) <= _OPENER_WORDS and _PLEASANTRY.match(sentence) is not None
+    return greeting or _SECOND_PERSON.search(sentence) is not None
 
 
 def _opening(text: str, words: int = 5) -> str:
