@@ -236,6 +236,10 @@ class LLMRequest(BaseModel):
         description="The caller validates the output and calls ``LLM.accept`` for a good one: cache only then.",
     )
     metadata: Mapping[str, str] = Field(default_factory=dict)
+    #: Streaming: called with the whole output so far at every new piece of text (a cache hit calls it once with
+    #: all of it). A retry starts again from "", so a listener shows the latest text, never a concatenation.
+    #: Not part of what determines the answer (cache keys ignore it) and never serialised.
+    on_text: Callable[[str], None] | None = Field(default=None, exclude=True, repr=False)
 
 
 class LLMResponse(BaseModel):

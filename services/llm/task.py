@@ -11,7 +11,7 @@ import json
 import re
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -120,8 +120,15 @@ def numbered_pairs_schema(
 RETRY_TEMPERATURE = 0.6
 
 
-async def run_task(llm: LLM, task: LLMTask[Any, T], inputs: Any, attempts: int = 3) -> TaskResult[T]:
-    """Ask, validate, retry with the error shown. Only an accepted output is cached (``llm.accept``)."""
+async def run_task(
+    llm: LLM,
+    task: LLMTask[Any, T],
+    inputs: Any,
+    attempts: int = 3,
+    on_text: Callable[[str], None] | None = None,
+) -> TaskResult[T]:
+    """Ask, validate, retry with the error shown. Only an accepted output is cached (``llm.accept``).
+    ``on_text``: streaming listener (``LLMRequest.on_text``); a retry starts its text again from ""."""
     messages = task.messages(inputs)
     schema = task.json_schema(inputs)
     result: TaskResult[Any] = TaskResult(value=None)
@@ -137,7 +144,10 @@ async def run_task(llm: LLM, task: LLMTask[Any, T], inputs: Any, attempts: int =
             seed=None if attempt == 1 else secrets.randbelow(2**31),
             validated=True,
             metadata={"attempt": str(attempt)},
+            on_text=on_text,
         )
+        if on_text is not None and attempt > 1:
+            on_text("")
         response = await llm.complete(request)
         result.calls += 0 if response.cached else 1
         result.cached_calls += 1 if response.cached else 0
