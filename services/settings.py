@@ -70,6 +70,11 @@ class Settings(BaseSettings):
         default=3.0, ge=0.0, description="how long a user's partial batch is held for more of their messages"
     )
     extraction_attempts: int = Field(default=3, ge=1)
+    extraction_output: Literal["compact", "json"] = Field(
+        default="compact",
+        description="compact: facts as [sentence, object, when, kind, temporal], subject and relation read off the "
+        "sentence (half the generated tokens); json: every field keyed (the design before 4 December)",
+    )
     document_chunk_chars: int = Field(default=1500, ge=200)
     invalidation_candidates: int = Field(
         default=3, ge=0, description="known theses per new fact judged for contradiction (0: no duplicate checks)"
@@ -108,6 +113,12 @@ class Settings(BaseSettings):
     llm_model_path: Path | None = Field(default=None, description="GGUF file for the local LLM")
     llm_context: int = 8192
     llm_threads: int | None = Field(default=None, ge=1, description="local model threads (unset: half the cores)")
+    llm_speculative: Literal["none", "ngram", "ngram-mod", "draft"] = Field(
+        default="none", description="local model speculative decoding (docs/benchmarks.md, 'Model time')"
+    )
+    llm_draft_model: str = Field(
+        default="qwen2.5-coder-0.5b-instruct-q4_k_m", description="draft model, with llm_speculative=draft"
+    )
     llm_stall_timeout_s: float = Field(
         default=300.0, gt=0, description="a call that produced no token for this long is retried, then fails"
     )

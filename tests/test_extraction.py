@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 import pytest
 
@@ -130,8 +130,78 @@ def test_rejects_malformed_output(text: str, reason: str) -> None:
         ExtractTask().parse(text, INPUT)
 
 
-def test_schema_fixes_one_entry_per_message_and_bounds_everything() -> None:
+def test_compact_schema_fixes_one_labelled_entry_per_message_and_bounds_everything() -> None:
     schema = ExtractTask().json_schema(INPUT)
+    entries = schema["properties"]["messages"]
+    assert entries["minItems"] == entries["maxItems"] == 2 and entries["items"] is False
+    label, facts = entries["prefixItems"][0]["prefixItems"]
+    assert label == {"const": "[1] Anna: I moved to Berlin last"}
+    assert facts["maxItems"] == 3
+    sentence, obj, when, kind, temporal = facts["items"]["prefixItems"]
+    assert all("maxLength" in field for field in (sentence, obj, when))
+    assert kind["enum"] == ["FACT", "OPINION", "PREDICTION"] and temporal["enum"] == ["STATIC", "DYNAMIC", "ATEMPORAL"]
+
+
+def test_compact_output_reads_subject_and_relation_off_the_sentence() -> None:
+    text = json.dumps(
+        {
+            "messages": [
+                [
+                    "[1] Anna: I moved to Berlin last",
+                    [["I moved to Berlin.", "Berlin", "last week", "FACT", "DYNAMIC"]],
+                ],
+                ["[2] Ben: Cool!", []],
+            ]
+        }
+    )
+    first, second = ExtractTask().parse(text, INPUT)
+    (fact,) = first.facts
+    assert (fact.subject, fact.text, fact.relation, fact.object) == (
+        "Anna",
+        "Anna moved to Berlin.",
+        "moved to",
+        "Berlin",
+    )
+    assert fact.when is not None and fact.when.start == date(2023, 5, 22) and second.facts == []
+
+
+@pytest.mark.parametrize(
+    ("sentence", "obj", "subject", "relation"),
+    [
+        ("Ben started a pottery class and loves it.", "pottery class", "Ben", "started"),
+        ("Ben's sister is getting married in Rome.", "Rome", "Ben", "sister is getting married in"),
+        ("Grandma Rosa gave Anna a necklace.", "necklace", "Grandma Rosa", "gave Anna"),
+        ("Anna works as a nurse at St. Mary's.", "St. Mary's", "Anna", "works as a nurse at"),
+        ("Melanie is a painter.", "", "Melanie", "is"),
+        ("I quit my job.", "job", "I", "quit"),
+    ],
+)
+def test_compact_subject_and_relation(sentence: str, obj: str, subject: str, relation: str) -> None:
+    from services.memorize.attribution import Speakers
+    from services.memorize.compact import relation_of, subject_of
+
+    found = subject_of(sentence, Speakers(("Anna", "Ben")))
+    assert (found, relation_of(sentence, found, obj)) == (subject, relation)
+
+
+@pytest.mark.parametrize("sentence", ["The class starts in June.", "She quit her job.", "It was fun."])
+def test_compact_sentence_that_names_nobody_has_a_pronoun_subject(sentence: str) -> None:
+    from services.memorize.attribution import Speakers
+    from services.memorize.compact import subject_of
+
+    assert subject_of(sentence, Speakers(("Anna", "Ben"))) == "it"  # dropped by the checks, counted
+
+
+def test_compact_fact_of_the_wrong_shape_is_rejected() -> None:
+    text = json.dumps(
+        {"messages": [["[1] Anna: I moved to Berlin last", [["Anna moved.", "Berlin"]]], ["[2] Ben: Cool!", []]]}
+    )
+    with pytest.raises(TaskOutputError):
+        ExtractTask().parse(text, INPUT)
+
+
+def test_keyed_schema_fixes_one_entry_per_message_and_bounds_everything() -> None:
+    schema = ExtractTask(output="json").json_schema(INPUT)
     entries = schema["properties"]["messages"]
     assert entries["minItems"] == entries["maxItems"] == 2
     first = entries["prefixItems"][0]["properties"]

@@ -32,6 +32,7 @@ def build_adapter(settings: Settings) -> LLM:
     """The bare model adapter named by ``settings.llm`` (blocking: may assemble the local weights)."""
     if settings.llm == "local":
         from services.adapters.llamacpp import LlamaCppLLM
+        from services.adapters.llamacpp.weights import ensure_model
 
         path = local_model_path(settings)
         return LlamaCppLLM(
@@ -41,6 +42,12 @@ def build_adapter(settings: Settings) -> LLM:
             n_parallel=settings.llm_max_concurrency,
             n_threads=settings.llm_threads,
             stall_timeout_s=settings.llm_stall_timeout_s,
+            speculative=settings.llm_speculative,
+            draft_path=(
+                ensure_model(settings.llm_draft_model, settings.data_dir / "models")
+                if settings.llm_speculative == "draft"
+                else None
+            ),
         )
     if settings.llm == "ollama":
         from services.adapters.ollama import OllamaLLM

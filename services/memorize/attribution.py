@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from services.memorize.chunking import sentences
-
-if TYPE_CHECKING:
-    from services.memorize.extraction import ExtractionInput, Item
+from services.memorize.facts import ExtractionInput, Item
 
 _FIRST = {"i", "me", "my", "mine", "myself", "speaker", "the speaker"}
 _SECOND = {"you", "your", "yours", "yourself", "listener"}

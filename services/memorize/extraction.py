@@ -17,21 +17,28 @@ Scripted-LLM contract (task name ``extract``): ``{"messages": [{"m": 1, "facts":
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from services import ids
-from services.llm.task import LLMTask, TaskOutputError
+from services.llm.task import LLMTask, TaskOutputError, load_json_object
+from services.memorize import compact
 from services.memorize.attribution import MIN_GROUNDING, Speakers, check_fact, grounding
 from services.memorize.chunking import sentences
+from services.memorize.facts import Alias, ExtractionInput, Fact, Item, ItemFacts
 from services.memorize.when import When, resolve, sounds_future, time_words
+
+__all__ = ["Alias", "ExtractTask", "ExtractionInput", "Fact", "Item", "ItemFacts"]
 from services.ports import LLMMessage
 
 MAX_FACTS_PER_MESSAGE = 3
+#: "compact": positional facts, subject and relation derived in code (the default; ``services.memorize.compact``);
+#: "json": the keyed JSON of every field (the design before 4 December, kept to compare)
+OUTPUTS = ("compact", "json")
 
 
 def _text(max_length: int, min_length: int = 0) -> Any:
@@ -63,64 +70,6 @@ class ExtractionOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     messages: list[MessageFactsOut]
-
-
-@dataclass(frozen=True)
-class Item:
-    """One message or document chunk to extract from. ``speaker`` is a chat speaker or a document title."""
-
-    speaker: str | None
-    text: str
-    time: datetime
-    document: bool = False
-
-
-@dataclass(frozen=True)
-class ExtractionInput:
-    items: list[Item]
-    #: everyone taking part in the conversation, as far as memorize knows: resolves "you" and misattribution
-    participants: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Alias:
-    """A name a fact said, resolved to a known object of the same user (``services.memorize.entities``)."""
-
-    said: str  # the name as the fact said it ("Mel")
-    canonical: str  # the id of the object it was merged into (Melanie's)
-    method: str  # "normalized": equal after a light normalisation; "confirmed": the model said so; "alias": known
-    name_score: float = 0.0  # rapidfuzz WRatio of the two names, 0-100
-    similarity: float = 0.0  # cosine of the two names' vectors
-    verdict: str = ""  # the model's verdict, when it was asked
-
-
-@dataclass
-class Fact:
-    """One checked fact: the thesis text (names, no pronouns), its subject and object, and when it happened.
-
-    ``subject_alias``/``object_alias``: set when entity resolution attached the subject or object to a known
-    object under another name (the fact keeps its own words; ``subject``/``object`` name the canonical object)."""
-
-    subject: str
-    text: str
-    relation: str
-    object: str
-    kind: str
-    temporal: str
-    when: When | None = None
-    #: time words the message says of this fact that name no time ``resolve`` can place ("since I was 12")
-    unresolved: str = ""
-    subject_alias: Alias | None = None
-    object_alias: Alias | None = None
-
-
-@dataclass
-class ItemFacts:
-    """What extraction found in one item. ``answered`` False: the model gave no entry for it (re-ask it)."""
-
-    facts: list[Fact] = field(default_factory=list)
-    answered: bool = True
-    dropped: list[str] = field(default_factory=list)  # reasons for facts removed by the checks, for metrics
 
 
 SYSTEM = """You keep a long-term memory of what people tell each other. For EACH numbered message list the facts \
@@ -158,6 +107,37 @@ EXAMPLE_OUT = (
     '{"m":5,"speaker":"Ben","starts":"I\'m off to Rome tomorrow","facts":['
     '{"subject":"Ben","fact":"Ben is going to Rome for his sister\'s wedding.","relation":"going to","object":"Rome",'
     '"when":"tomorrow","kind":"PREDICTION","temporal":"DYNAMIC"}]}]}'
+)
+
+
+#: The compact output ("compact", the default): no keys, no field the code can read off the sentence. Per message
+#: a pair [label, facts]: the label "[n] Speaker: opening words" is fixed by the grammar (it puts the model's
+#: attention on that message, see ``_opening``); each fact is [sentence, object, when, kind, temporal]. The subject
+#: is the name the sentence starts with and the relation the words between subject and object
+#: (``services.memorize.compact``). Half the generated tokens of the keyed JSON for the same facts.
+SYSTEM_COMPACT = """You keep a long-term memory of what people tell each other. For EACH numbered message list the \
+facts worth remembering about people: what they did, do, plan, own, like, feel or think, with names, places, dates \
+and numbers. A fact is one short sentence that starts with the name of the person it is about and makes sense alone: \
+never "I", "you", "he" or "she". The speaker is named before each message: "I", "me" and "my" mean the speaker, \
+"you" the person they talk to. A photo the speaker shares is part of their message. A message that only greets, \
+thanks, asks or compliments has no facts: give it an empty list; one that opens so and then tells something has the \
+facts it tells. Write each message as [label, facts] and each fact as [sentence, object, when, kind, temporal]: \
+object is the person, place, thing or activity of the sentence the fact is about, in the sentence's words; when is \
+the words of the message that say when it happened, such as "yesterday" or "last year", else ""; kind is FACT, \
+OPINION, or PREDICTION for a plan or expectation; temporal is STATIC (never changes), DYNAMIC (may change) or \
+ATEMPORAL (always true). Output JSON only."""
+
+EXAMPLE_OUT_COMPACT = (
+    '{"messages":[["[1] Anna: Hi Ben! How was your",[]],'
+    '["[2] Ben: Busy! I started a pottery",['
+    '["Ben started a pottery class and loves it.","pottery class","on Monday","FACT","DYNAMIC"],'
+    '["Ben made a clay bowl in his pottery class.","clay bowl","","FACT","STATIC"]]],'
+    '["[3] Anna: Wow, that bowl is great!",[]],'
+    '["[4] Anna: Big news: I quit Siemens",['
+    '["Anna quit her job at Siemens.","Siemens","last week","FACT","STATIC"],'
+    '["Anna works as a nurse at St. Mary\'s.","St. Mary\'s","","FACT","DYNAMIC"]]],'
+    '["[5] Ben: I\'m off to Rome tomorrow",['
+    '["Ben is going to Rome for his sister\'s wedding.","Rome","tomorrow","PREDICTION","DYNAMIC"]]]]}'
 )
 
 
@@ -202,6 +182,11 @@ def _opening(text: str, words: int = 5) -> str:
     return " ".join((rest or flat).split()[:words]).replace("\\", "")
 
 
+def _labels(inputs: ExtractionInput) -> list[str]:
+    """Each message's label in the compact output: "[2] Ben: Busy! I started a pottery"."""
+    return [f"[{n}] {_who(item)}: {_opening(item.text)}" for n, item in enumerate(inputs.items, start=1)]
+
+
 def _day(when: datetime) -> str:
     return f"{when:%A} {when.day} {when:%B %Y}"
 
@@ -244,17 +229,26 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
     #: per message at most 4 facts of ~60 tokens; the schema bounds every string, so this limit is never the stop
     max_tokens = 2048
 
-    def __init__(self, *, example: bool = True) -> None:
+    def __init__(self, *, example: bool = True, output: str = "compact") -> None:
+        if output not in OUTPUTS:
+            raise ValueError(f"unknown extraction output {output!r}; known: {OUTPUTS}")
         self.example = example
+        self.output = output
 
     def messages(self, inputs: ExtractionInput) -> list[LLMMessage]:
+        compact = self.output == "compact"
         shots = (
-            [LLMMessage(role="user", content=EXAMPLE_IN), LLMMessage(role="assistant", content=EXAMPLE_OUT)]
+            [
+                LLMMessage(role="user", content=EXAMPLE_IN),
+                LLMMessage(role="assistant", content=EXAMPLE_OUT_COMPACT if compact else EXAMPLE_OUT),
+            ]
             if self.example
             else []
         )
+        # The instructions and the worked example come first and never change: the engine keeps them in its KV
+        # cache between calls, so a call reads only its own messages.
         return [
-            LLMMessage(role="system", content=SYSTEM),
+            LLMMessage(role="system", content=SYSTEM_COMPACT if compact else SYSTEM),
             *shots,
             LLMMessage(role="user", content=render_items(inputs)),
         ]
@@ -264,6 +258,8 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         schema = self.output_model.model_json_schema()
         if not isinstance(inputs, ExtractionInput):
             return schema
+        if self.output == "compact":
+            return compact.output_schema(_labels(inputs), MAX_FACTS_PER_MESSAGE)
         entry = schema["$defs"]["MessageFactsOut"]
         count = len(inputs.items)
         # Each entry opens with the message's speaker and first words, fixed by the grammar: writing them puts the
@@ -284,6 +280,16 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         ]
         messages = {"type": "array", "prefixItems": numbered, "minItems": count, "maxItems": count}
         return {**schema, "properties": {"messages": messages}, "required": ["messages"]}
+
+    def parse(self, text: str, inputs: Any) -> list[ItemFacts]:
+        if self.output != "compact" or not isinstance(inputs, ExtractionInput):
+            return super().parse(text, inputs)
+        data = load_json_object(text)
+        if compact.is_keyed(data):
+            # the keyed shape is read in either mode: scripted replies and outputs cached before the compact one
+            return super().parse(text, inputs)
+        keyed = compact.to_keyed(data, _labels(inputs), Speakers.of(inputs))
+        return super().parse(json.dumps(keyed), inputs)
 
     def postprocess(self, output: ExtractionOut, inputs: ExtractionInput) -> list[ItemFacts]:
         count = len(inputs.items)

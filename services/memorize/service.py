@@ -52,7 +52,6 @@ from services.similarity import cosine
 
 log = get_logger(__name__)
 MemoryEvent = ChatMessage | Document
-_EXTRACT = ExtractTask()
 _RESOLVE = ResolveTask()
 _CHECK = CheckTask()
 
@@ -198,7 +197,7 @@ class MemorizeService:
         *,
         extract_task: ExtractTask | None = None,
     ) -> None:
-        self.extract_task = extract_task or _EXTRACT
+        self.extract_task = extract_task or ExtractTask(output=settings.extraction_output)
         self.graph = stores.graph
         self.vectors = stores.vectors
         self.writer = stores.writer

@@ -12,7 +12,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,22 @@ class LlamaCppError(RuntimeError):
     """The engine rejected the request (bad schema, prompt longer than the context) or failed to load."""
 
 
+#: Speculative decoding kinds (llama.cpp's): a drafter proposes tokens, the model checks them all in one pass, so an
+#: accepted run of k tokens costs about one decoding step. Greedy output is the same with or without it.
+#: "ngram": n-gram lookup in the prompt and output so far (extraction and answers copy names and phrases from
+#: their prompt, JSON repeats its keys); "draft": a smaller model with the same tokenizer (``draft_path``).
+SPECULATIVE_KINDS = ("none", "ngram", "ngram-mod", "draft")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: Path
     n_ctx: int = 8192  # context per parallel slot
     n_parallel: int = 1  # requests decoded together; more queue inside the engine
     n_threads: int | None = None  # None: llama.cpp's default
+    speculative: str = "none"  # one of SPECULATIVE_KINDS
+    draft_path: Path | None = None  # the draft model for speculative="draft"
+    draft_max: int = 16  # most tokens proposed at once
 
 
 @dataclass
@@ -48,6 +58,9 @@ class Completion:
     error: str | None = None
     chunks: int = 0
     cancelled: bool = False
+    #: llama.cpp's own figures: prompt_n (prompt tokens evaluated), cache_n (served from the KV cache),
+    #: predicted_n, prompt_ms, predicted_ms, draft_n / draft_n_accepted (speculative decoding)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 #: The slowest prompt processing that still counts as progress. A model produces no token before it has read
@@ -96,6 +109,7 @@ class Engine:
             # 2.1 s a token spinning, 1.1 s not, 0.14 s with one thread; docs/benchmarks.md "Local model threads")
             cpu.poll = 0
         params.verbosity = -1  # llama.cpp logs to stderr on its own; our structlog lines say what matters
+        _speculate(params, config, threads)
         started = time.perf_counter()
         try:
             self.server = xllamacpp.Server(params)
@@ -138,6 +152,8 @@ class Engine:
                         pieces.append(delta["content"])
                     if choice.get("finish_reason"):
                         result.finish_reason = choice["finish_reason"]
+                if chunk.get("timings"):
+                    result.timings = dict(chunk["timings"])
                 usage = chunk.get("usage")
                 if usage:
                     result.tokens_in = int(usage.get("prompt_tokens", 0))
@@ -168,6 +184,29 @@ class Engine:
         return result
 
 
+def _speculate(params: Any, config: EngineConfig, threads: int) -> None:
+    """Set llama.cpp's speculative decoding as ``config`` asks (see ``SPECULATIVE_KINDS``)."""
+    kinds = xllamacpp.common_speculative_type
+    spec = params.speculative
+    if config.speculative == "none":
+        return
+    if config.speculative == "ngram":
+        spec.types = [kinds.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
+    elif config.speculative == "ngram-mod":
+        spec.types = [kinds.COMMON_SPECULATIVE_TYPE_NGRAM_MOD]
+    elif config.speculative == "draft":
+        if config.draft_path is None:
+            raise LlamaCppError("speculative decoding with a draft model needs its path")
+        spec.types = [kinds.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
+        spec.draft.mparams.path = str(config.draft_path)
+        spec.draft.n_max = config.draft_max
+        for cpu in (spec.draft.cpuparams, spec.draft.cpuparams_batch):
+            cpu.n_threads = threads
+            cpu.poll = 0
+    else:
+        raise LlamaCppError(f"unknown speculative decoding {config.speculative!r}; known: {SPECULATIVE_KINDS}")
+
+
 _engines: dict[Path, Engine] = {}
 _engines_lock = threading.Lock()
 
@@ -178,13 +217,9 @@ def get_engine(config: EngineConfig) -> Engine:
     with _engines_lock:
         engine = _engines.get(path)
         if engine is None:
-            engine = Engine(EngineConfig(path, config.n_ctx, config.n_parallel, config.n_threads))
+            engine = Engine(replace(config, model_path=path))
             _engines[path] = engine
-        elif (engine.config.n_ctx, engine.config.n_parallel, engine.config.n_threads) != (
-            config.n_ctx,
-            config.n_parallel,
-            config.n_threads,
-        ):
+        elif replace(engine.config, model_path=path) != replace(config, model_path=path):
             log.warning("llm_engine_reused", path=str(path), loaded=str(engine.config), asked=str(config))
         return engine
 
@@ -208,8 +243,12 @@ class LlamaCppLLM(LLM):
         n_threads: int | None = None,
         seed: int = 0,
         stall_timeout_s: float | None = 300.0,
+        speculative: str = "none",
+        draft_path: Path | None = None,
     ) -> None:
-        self.config = EngineConfig(Path(model_path), n_ctx, max(1, n_parallel), n_threads)
+        self.config = EngineConfig(
+            Path(model_path), n_ctx, max(1, n_parallel), n_threads, speculative=speculative, draft_path=draft_path
+        )
         self.model = model or Path(model_path).stem
         self.seed = seed
         self.stall_timeout_s = stall_timeout_s
