@@ -115,7 +115,6 @@ def fact_schema() -> dict[str, Any]:
             {"type": "string", "enum": list(KINDS)},
             {"type": "string", "enum": list(TEMPORALS)},
         ],
-        "items": False,
         "minItems": 5,
         "maxItems": 5,
     }
@@ -127,13 +126,12 @@ def output_schema(labels: list[str], max_facts: int) -> dict[str, Any]:
         {
             "type": "array",
             "prefixItems": [{"const": label}, {"type": "array", "items": fact_schema(), "maxItems": max_facts}],
-            "items": False,
             "minItems": 2,
             "maxItems": 2,
         }
         for label in labels
     ]
-    messages = {"type": "array", "prefixItems": pairs, "items": False, "minItems": len(pairs), "maxItems": len(pairs)}
+    messages = {"type": "array", "prefixItems": pairs, "minItems": len(pairs), "maxItems": len(pairs)}
     return {"type": "object", "properties": {"messages": messages}, "required": ["messages"]}
 
 
