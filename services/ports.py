@@ -247,6 +247,9 @@ class LLMResponse(BaseModel):
     model: str
     tokens_in: int = 0
     tokens_out: int = 0
+    #: of ``tokens_in``, those the model did not read again: served from its KV cache (a prompt prefix it read
+    #: before, such as the fixed instructions of a task); 0 where the backend does not say
+    prompt_reused: int = 0
     cached: bool = False
     finish_reason: str | None = None
 

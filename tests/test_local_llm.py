@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,12 @@ import pytest
 from pydantic import BaseModel
 
 from services.adapters.llamacpp import LlamaCppError, LlamaCppLLM, ensure_model, unload_all, weights
-from services.adapters.llamacpp.llm import strip_think
+from services.adapters.llamacpp.llm import Engine, EngineConfig, strip_think
 from services.adapters.ollama import OllamaEmbedder, OllamaLLM
 from services.backends import BackendUnavailable
 from services.llm.layers import RetryingLLM
 from services.llm.task import LLMTask, TaskFailed, run_task
+from services.memorize.extraction import ExtractionInput, ExtractTask, Item
 from services.ports import LLMMessage, LLMRequest
 
 SMALL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
@@ -172,8 +174,36 @@ async def test_json_schema_output_validates(small_llm: LlamaCppLLM) -> None:
     assert response.finish_reason == "stop"
     assert response.tokens_in > 10 and response.tokens_out > 5
     assert response.model == SMALL
-    # greedy decoding: the same request gives the same answer
-    assert (await small_llm.complete(person_request())).text == response.text
+    # greedy decoding: the same request gives the same answer, and its prompt is read from the KV cache
+    again = await small_llm.complete(person_request())
+    assert again.text == response.text
+    assert again.prompt_reused >= again.tokens_in // 2
+
+
+@pytest.mark.model
+@pytest.mark.slow
+async def test_compact_extraction_runs_under_the_engines_grammar(small_llm: LlamaCppLLM) -> None:
+    """llama.cpp turns the compact schema into its grammar (it refuses some JSON-schema forms) and the output
+    parses: one labelled entry per message."""
+    data = ExtractionInput(
+        [
+            Item("Anna", "I moved to Berlin last week for a job at Siemens.", datetime(2023, 6, 2, tzinfo=UTC)),
+            Item("Ben", "Cool! How is it?", datetime(2023, 6, 2, tzinfo=UTC)),
+        ]
+    )
+    result = await run_task(small_llm, ExtractTask(), data, attempts=1)
+    assert len(result.value) == 2 and all(found.answered for found in result.value)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ngram", "ngram-mod"])
+async def test_speculative_decoding_gives_valid_output(kind: str, model_cache: Path) -> None:
+    engine = Engine(EngineConfig(ensure_model(SMALL, model_cache), n_ctx=2048, n_threads=THREADS, speculative=kind))
+    payload = LlamaCppLLM(engine.config.model_path).payload(person_request())
+    done = await asyncio.to_thread(engine.chat, payload)
+    assert Person.model_validate_json(done.text).age == 34
+    assert done.timings.get("predicted_n", 0) > 5
 
 
 @pytest.mark.model

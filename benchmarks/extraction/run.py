@@ -59,7 +59,8 @@ class RecordingStore(SqliteMemoryStore):
         return await super().apply(change_set, vectors)
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace, output: str) -> dict[str, Any]:
+    """One design variant (extraction ``output``) over the turns: memorize, score, cost."""
     turns = load(Path(args.data))
     if args.samples:
         turns = [t for t in turns if t.sample_id in args.samples]
@@ -70,7 +71,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch_token_budget": 100_000,
         "invalidation_candidates": 0 if args.no_resolve else 2,
         "llm": args.llm,
+        "extraction_output": output,
+        "llm_speculative": args.speculative,
     }
+    if args.threads:
+        overrides["llm_threads"] = args.threads
     if args.model:
         overrides["llm_model"] = args.model
     if args.cache_only:
@@ -83,8 +88,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         inner = CacheOnly(settings.llm_model) if args.cache_only else None
         llm = build_llm(settings, cache=cache, inner=inner)
         service = MemorizeService(
-            store.stores(), llm, embedder, settings, extract_task=ExtractTask(example=not args.no_example)
+            store.stores(),
+            llm,
+            embedder,
+            settings,
+            extract_task=ExtractTask(example=not args.no_example, output=output),
         )
+        # this machine's speed, measured beside each variant on its own engine: compare runs on other machines by it
+        speed = None if args.cache_only or args.llm != "local" else await generation_speed(settings)
         ingest = datetime.now(UTC)
         started = time.perf_counter()
         dead = 0
@@ -117,6 +128,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "variant": {
                 "batch": args.batch,
                 "example": not args.no_example,
+                "output": output,
+                "speculative": args.speculative,
                 "resolve": not args.no_resolve,
                 "llm": args.llm,
                 "model": llm.model,
@@ -137,7 +150,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "completion_tokens_per_message": round(
                 sum(u.tokens_out for t, u in llm.by_task.items() if t != "judge") / messages
             ),
+            "prompt_tokens_evaluated_per_message": round(
+                sum(u.tokens_in - u.prompt_reused for t, u in llm.by_task.items() if t != "judge") / messages
+            ),
+            "model_seconds_per_message": round(
+                sum(u.seconds for t, u in llm.by_task.items() if t != "judge") / messages, 2
+            ),
             "seconds_per_message": round(seconds / messages, 2),
+            "generated_tokens_per_s": speed,
             "usage": usage,
             "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}",
         }
@@ -187,11 +207,36 @@ def main() -> None:
     parser.add_argument("--cache", help="sqlite file for an LLM cache (reruns cost nothing; costs then undercount)")
     parser.add_argument("--cache-only", action="store_true", help="never call the model: score the cached batches")
     parser.add_argument("--tag", default="bench", help="user id prefix")
+    parser.add_argument(
+        "--output",
+        action="append",
+        choices=["compact", "json"],
+        help="extraction output design; repeat to compare designs side by side in one run (default: compact)",
+    )
+    parser.add_argument("--speculative", default="none", help="MEMSTREAM_LLM_SPECULATIVE for this run")
+    parser.add_argument("--threads", type=int, help="MEMSTREAM_LLM_THREADS for this run")
     parser.add_argument("--out", help="write the full JSON here")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
-    summary = asyncio.run(run(args))
-    print(json.dumps({k: v for k, v in summary.items() if k != "usage"}))
+    outputs = args.output or ["compact"]
+    out = args.out
+    for output in outputs:
+        if out and len(outputs) > 1:
+            args.out = f"{Path(out).with_suffix('')}-{output}.json"
+        summary = asyncio.run(run(args, output))
+        print(json.dumps({k: v for k, v in summary.items() if k != "usage"}), flush=True)
+
+
+async def generation_speed(settings: Settings) -> float:
+    """Generated tokens/s of the run's model on the run's engine, with a free-form prompt (the calibration)."""
+    from benchmarks.llm_speed import calibrate
+    from services.adapters.llamacpp import LlamaCppLLM
+    from services.llm.factory import build_adapter
+
+    adapter = build_adapter(settings)
+    assert isinstance(adapter, LlamaCppLLM)
+    engine = await adapter.load()
+    return round(await asyncio.to_thread(calibrate, engine, 64), 1)
 
 
 if __name__ == "__main__":

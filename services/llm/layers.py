@@ -184,6 +184,7 @@ class Usage:
     errors: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    prompt_reused: int = 0  # of tokens_in, served from the model's KV cache (not evaluated)
     seconds: float = 0.0
     # what the cache hits cost when the model made them: a variant that shares another's cache is priced as if
     # it ran alone (the evaluation's cost per question), without counting as model work here
@@ -197,6 +198,7 @@ class Usage:
             return
         self.tokens_in += response.tokens_in
         self.tokens_out += response.tokens_out
+        self.prompt_reused += response.prompt_reused
         self.seconds += seconds
 
     @property
@@ -247,6 +249,7 @@ class MeteredLLM(LLMLayer):
             LLM_CALLS.labels(model, task, "ok").inc()
             LLM_TOKENS.labels(model, task, "in").inc(response.tokens_in)
             LLM_TOKENS.labels(model, task, "out").inc(response.tokens_out)
+            LLM_TOKENS.labels(model, task, "in_reused").inc(response.prompt_reused)
             LLM_LATENCY.labels(model, task).observe(elapsed)
         log.info(
             "llm_call",
@@ -254,6 +257,7 @@ class MeteredLLM(LLMLayer):
             model=model,
             tokens_in=response.tokens_in,
             tokens_out=response.tokens_out,
+            prompt_reused=response.prompt_reused,
             ms=round(elapsed * 1000),
             cached=response.cached,
             finish_reason=response.finish_reason,

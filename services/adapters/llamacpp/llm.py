@@ -292,6 +292,7 @@ class LlamaCppLLM(LLM):
             model=self.model,
             tokens_in=done.tokens_in,
             tokens_out=done.tokens_out,
+            prompt_reused=int(done.timings.get("cache_n", 0)),
             finish_reason=done.finish_reason,
         )
 
