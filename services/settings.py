@@ -112,7 +112,9 @@ class Settings(BaseSettings):
     llm_model: str = "qwen2.5-coder-1.5b-instruct-q4_k_m"
     llm_model_path: Path | None = Field(default=None, description="GGUF file for the local LLM")
     llm_context: int = 8192
-    llm_threads: int | None = Field(default=None, ge=1, description="local model threads (unset: half the cores)")
+    llm_threads: int | None = Field(
+        default=None, ge=1, description="local model threads (unset: all cores while others leave them free, else half)"
+    )
     llm_speculative: Literal["none", "ngram", "ngram-mod", "draft"] = Field(
         default="none", description="local model speculative decoding (docs/benchmarks.md, 'Model time')"
     )

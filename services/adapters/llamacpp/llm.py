@@ -18,6 +18,7 @@ from typing import Any
 
 import xllamacpp
 
+from services.adapters.llamacpp.threads import CoreWatch, choose_threads
 from services.logging import get_logger
 from services.ports import LLM, LLMRequest, LLMResponse
 
@@ -207,18 +208,19 @@ def _speculate(params: Any, config: EngineConfig, threads: int) -> None:
         raise LlamaCppError(f"unknown speculative decoding {config.speculative!r}; known: {SPECULATIVE_KINDS}")
 
 
-_engines: dict[Path, Engine] = {}
+_engines: dict[tuple[Path, int | None], Engine] = {}
 _engines_lock = threading.Lock()
 
 
 def get_engine(config: EngineConfig) -> Engine:
-    """The process-wide engine for this model file, loading it on first use (blocking)."""
+    """The process-wide engine for this model file and thread count, loading it on first use (blocking)."""
     path = config.model_path.resolve()
+    key = (path, config.n_threads)
     with _engines_lock:
-        engine = _engines.get(path)
+        engine = _engines.get(key)
         if engine is None:
             engine = Engine(replace(config, model_path=path))
-            _engines[path] = engine
+            _engines[key] = engine
         elif replace(engine.config, model_path=path) != replace(config, model_path=path):
             log.warning("llm_engine_reused", path=str(path), loaded=str(engine.config), asked=str(config))
         return engine
@@ -252,13 +254,17 @@ class LlamaCppLLM(LLM):
         self.model = model or Path(model_path).stem
         self.seed = seed
         self.stall_timeout_s = stall_timeout_s
-        self._engine: Engine | None = None
+        #: n_threads unset: every core while other processes leave them free, half while they do, chosen per call
+        self.cores = CoreWatch() if n_threads is None else None
 
     async def load(self) -> Engine:
-        """Load (or reuse) the model without blocking the event loop."""
-        if self._engine is None:
-            self._engine = await asyncio.to_thread(get_engine, self.config)
-        return self._engine
+        """The engine for this call (loading it without blocking the event loop): the configured thread count,
+        or the one ``choose_threads`` picks from what else the cores are doing now."""
+        threads = self.config.n_threads
+        if self.cores is not None:
+            others = await asyncio.to_thread(self.cores.others_busy)
+            threads = choose_threads(os.cpu_count() or 2, others)
+        return await asyncio.to_thread(get_engine, replace(self.config, n_threads=threads))
 
     def payload(self, request: LLMRequest) -> dict[str, Any]:
         payload: dict[str, Any] = {
