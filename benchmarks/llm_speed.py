@@ -3,8 +3,9 @@
   python -m benchmarks.llm_speed --batches 4 --variant none --variant ngram --variant draft
   python -m benchmarks.llm_speed --batches 4 --variant none:json --variant ngram:compact
 
-A variant is ``SPECULATIVE[:FORMAT]`` (speculative decoding ``none``, ``ngram``, ``ngram-mod``, ``draft`` with the
-0.5B model; output format ``json``, the previous per-message JSON, or ``compact``, the default). Every variant
+A variant is ``SPECULATIVE[:FORMAT[:THREADS]]`` (speculative decoding ``none``, ``ngram``, ``ngram-mod``, ``draft``
+with the 0.5B model; output format ``json``, the previous per-message JSON, or ``compact``, the default; threads,
+default ``--threads``). Every variant
 loads its own engine (the same xllamacpp server the adapter uses) and they take the batches in turn (batch 1 on
 every variant, then batch 2, ...), so a change in the machine's load falls on all of them alike. The batches are
 the first labelled LoCoMo turns of each conversation, 8 at a time, as memorize would send them; greedy decoding.
@@ -99,12 +100,12 @@ def main() -> None:
     engines: dict[str, Engine] = {}
     tasks: dict[str, ExtractTask] = {}
     for variant in variants:
-        kind, _, fmt = variant.partition(":")
+        kind, fmt, threads = ([*variant.split(":"), "", ""])[:3]
         config = EngineConfig(
             path,
             n_ctx=8192,
             n_parallel=1,
-            n_threads=args.threads,
+            n_threads=int(threads) if threads else args.threads,
             speculative=kind,
             draft_path=draft,
             draft_max=args.draft_max,
@@ -134,7 +135,7 @@ def main() -> None:
     first_of_format: dict[str, str] = {}
     summary = []
     for variant in variants:
-        fmt = variant.partition(":")[2] or "compact"
+        fmt = ([*variant.split(":"), ""])[1] or "compact"
         texts = [r["text"] for r in rows[variant]]
         same = first_of_format.setdefault(fmt, variant)
         equal = sum(a == b["text"] for a, b in zip(texts, rows[same], strict=True))

@@ -134,35 +134,36 @@ def test_compact_schema_fixes_one_labelled_entry_per_message_and_bounds_everythi
     schema = ExtractTask().json_schema(INPUT)
     entries = schema["properties"]["messages"]
     assert entries["minItems"] == entries["maxItems"] == 2
-    label, facts = entries["prefixItems"][0]["prefixItems"]
-    assert label == {"const": "[1] Anna: I moved to Berlin last"}
-    assert facts["maxItems"] == 3
-    sentence, obj, when, kind, temporal = facts["items"]["prefixItems"]
-    assert all("maxLength" in field for field in (sentence, obj, when))
-    assert kind["enum"] == ["FACT", "OPINION", "PREDICTION"] and temporal["enum"] == ["STATIC", "DYNAMIC", "ATEMPORAL"]
+    first = entries["prefixItems"][0]["properties"]
+    assert first["m"] == {"const": "[1] Anna: I moved to Berlin last"}
+    assert first["facts"]["maxItems"] == 3
+    fact = first["facts"]["items"]["properties"]
+    assert set(fact) == {"fact", "object", "when", "kind", "temporal"}  # subject and relation: read off the sentence
+    assert all("maxLength" in fact[k] for k in ("fact", "object", "when"))
+    assert fact["kind"]["enum"] == ["FACT", "OPINION", "PREDICTION"]
+    assert fact["temporal"]["enum"] == ["STATIC", "DYNAMIC", "ATEMPORAL"]
 
 
 def test_compact_output_reads_subject_and_relation_off_the_sentence() -> None:
+    fact = {
+        "fact": "I moved to Berlin.",
+        "object": "Berlin",
+        "when": "last week",
+        "kind": "FACT",
+        "temporal": "DYNAMIC",
+    }
     text = json.dumps(
-        {
-            "messages": [
-                [
-                    "[1] Anna: I moved to Berlin last",
-                    [["I moved to Berlin.", "Berlin", "last week", "FACT", "DYNAMIC"]],
-                ],
-                ["[2] Ben: Cool!", []],
-            ]
-        }
+        {"messages": [{"m": "[1] Anna: I moved to Berlin last", "facts": [fact]}, {"m": "[2] Ben: Cool!", "facts": []}]}
     )
     first, second = ExtractTask().parse(text, INPUT)
-    (fact,) = first.facts
-    assert (fact.subject, fact.text, fact.relation, fact.object) == (
+    (found,) = first.facts
+    assert (found.subject, found.text, found.relation, found.object) == (
         "Anna",
         "Anna moved to Berlin.",
         "moved to",
         "Berlin",
     )
-    assert fact.when is not None and fact.when.start == date(2023, 5, 22) and second.facts == []
+    assert found.when is not None and found.when.start == date(2023, 5, 22) and second.facts == []
 
 
 @pytest.mark.parametrize(

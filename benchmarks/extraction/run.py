@@ -96,6 +96,7 @@ async def run(args: argparse.Namespace, output: str) -> dict[str, Any]:
         )
         # this machine's speed, measured beside each variant on its own engine: compare runs on other machines by it
         speed = None if args.cache_only or args.llm != "local" else await generation_speed(settings)
+        rejected_before = _rejected()  # the counters are the process's: a second variant counts from here
         ingest = datetime.now(UTC)
         started = time.perf_counter()
         dead = 0
@@ -143,7 +144,7 @@ async def run(args: argparse.Namespace, output: str) -> dict[str, Any]:
             "calls_per_message": round(
                 sum(u.calls - u.cached for t, u in llm.by_task.items() if t != "judge") / messages, 3
             ),
-            "rejected_calls": _rejected(),
+            "rejected_calls": {k: v - rejected_before.get(k, 0) for k, v in _rejected().items()},
             "prompt_tokens_per_message": round(
                 sum(u.tokens_in for t, u in llm.by_task.items() if t != "judge") / messages
             ),

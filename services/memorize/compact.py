@@ -1,9 +1,10 @@
-"""The compact extraction output: facts as positional lists, and the fields read off the sentence in code.
+"""The compact extraction output: fewer keys, and the fields the sentence already says read off it in code.
 
-The keyed JSON (``{"subject": ..., "fact": ..., "relation": ..., "object": ..., ...}``) spends about half of its
-generated tokens on keys and on subject and relation, which repeat words of the sentence; generated tokens are the
-cost of extraction on a CPU (docs/benchmarks.md, "Model time"). Here the model writes per message
-``[label, [[sentence, object, when, kind, temporal], ...]]`` and the code derives:
+The keyed JSON (``{"m": 2, "speaker": ..., "starts": ..., "facts": [{"subject", "fact", "relation", ...}]}``)
+spends about a third of its generated tokens on subject, relation and message keys, which repeat words already
+written; generated tokens are the cost of extraction on a CPU (docs/benchmarks.md, "Model time"). Here the model
+writes per message ``{"m": label, "facts": [{"fact", "object", "when", "kind", "temporal"}, ...]}`` and the code
+derives:
 
 - subject: the name the sentence starts with ("Ben's sister is ..." is about Ben; "I ..." is the speaker, decided
   later by ``attribution.check_fact`` as for the keyed output);
@@ -105,73 +106,61 @@ def relation_of(sentence: str, subject: str, obj: str) -> str:
 
 
 def fact_schema() -> dict[str, Any]:
-    """One fact: [sentence, object, when, kind, temporal], every string bounded."""
+    """One fact: its sentence, object, time words and labels, every string bounded."""
     return {
-        "type": "array",
-        "prefixItems": [
-            {"type": "string", "minLength": 8, "maxLength": 200},
-            {"type": "string", "maxLength": 60},
-            {"type": "string", "maxLength": 40},
-            {"type": "string", "enum": list(KINDS)},
-            {"type": "string", "enum": list(TEMPORALS)},
-        ],
-        "minItems": 5,
-        "maxItems": 5,
+        "type": "object",
+        "properties": {
+            "fact": {"type": "string", "minLength": 8, "maxLength": 200},
+            "object": {"type": "string", "maxLength": 60},
+            "when": {"type": "string", "maxLength": 40},
+            "kind": {"type": "string", "enum": list(KINDS)},
+            "temporal": {"type": "string", "enum": list(TEMPORALS)},
+        },
+        "required": ["fact", "object", "when", "kind", "temporal"],
     }
 
 
 def output_schema(labels: list[str], max_facts: int) -> dict[str, Any]:
-    """``{"messages": [[label, [fact, ...]], ...]}``, one pair per message, each label fixed by the grammar."""
-    pairs = [
+    """``{"messages": [{"m": label, "facts": [...]}, ...]}``, one entry per message, each label fixed by the grammar."""
+    entries = [
         {
-            "type": "array",
-            "prefixItems": [{"const": label}, {"type": "array", "items": fact_schema(), "maxItems": max_facts}],
-            "minItems": 2,
-            "maxItems": 2,
+            "type": "object",
+            "properties": {
+                "m": {"const": label},
+                "facts": {"type": "array", "items": fact_schema(), "maxItems": max_facts},
+            },
+            "required": ["m", "facts"],
         }
         for label in labels
     ]
-    messages = {"type": "array", "prefixItems": pairs, "minItems": len(pairs), "maxItems": len(pairs)}
+    messages = {"type": "array", "prefixItems": entries, "minItems": len(entries), "maxItems": len(entries)}
     return {"type": "object", "properties": {"messages": messages}, "required": ["messages"]}
 
 
-def is_keyed(data: Any) -> bool:
-    """Whether ``data`` is the keyed output (per message an object), not the compact one."""
+def is_compact(data: Any) -> bool:
+    """Whether ``data`` is the compact output (each message labelled by a string), not the keyed one (numbered)."""
     messages = data.get("messages") if isinstance(data, dict) else None
-    return isinstance(messages, list) and any(isinstance(entry, dict) for entry in messages)
+    return isinstance(messages, list) and any(
+        isinstance(entry, dict) and isinstance(entry.get("m"), str) for entry in messages
+    )
 
 
-def to_keyed(data: Any, labels: list[str], speakers: Speakers) -> dict[str, Any]:
-    """The compact output as the keyed one (``ExtractionOut``'s shape), subject and relation derived. Shapes the
-    grammar rules out (a label that is not the message's, a fact of the wrong length) are left for validation to
-    reject, with the model shown its error."""
-    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-        return data if isinstance(data, dict) else {"not an object": data}
+def to_keyed(data: dict[str, Any], labels: list[str], speakers: Speakers) -> dict[str, Any]:
+    """The compact output as the keyed one (``ExtractionOut``'s shape): the label becomes the message's number,
+    subject and relation are derived. Shapes the grammar rules out are left for validation to reject (the model is
+    then shown its error)."""
     entries = []
-    for n, pair in enumerate(data["messages"], start=1):
-        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], list)):
-            entries.append({"m": n, "facts": pair})
+    for n, entry in enumerate(data["messages"], start=1):
+        if not isinstance(entry, dict):
+            entries.append(entry)
             continue
-        label, raw_facts = pair
+        label = entry.get("m")
         number = labels.index(label) + 1 if label in labels else n
         facts = []
-        for raw in raw_facts:
-            if not (isinstance(raw, list) and len(raw) == 5 and all(isinstance(x, str) for x in raw)):
-                facts.append(raw)
-                continue
-            sentence, obj, when, kind, temporal = raw
-            subject = subject_of(sentence, speakers)
-            relation = relation_of(sentence, subject, obj)
-            facts.append(
-                {
-                    "subject": subject,
-                    "fact": sentence,
-                    "relation": relation,
-                    "object": obj,
-                    "when": when,
-                    "kind": kind,
-                    "temporal": temporal,
-                }
-            )
-        entries.append({"m": number, "facts": facts})
-    return {"messages": entries}
+        for raw in entry.get("facts") or []:
+            if isinstance(raw, dict) and isinstance(raw.get("fact"), str) and isinstance(raw.get("object", ""), str):
+                subject = subject_of(raw["fact"], speakers)
+                raw = {**raw, "subject": subject, "relation": relation_of(raw["fact"], subject, raw.get("object", ""))}
+            facts.append(raw)
+        entries.append({**entry, "m": number, "facts": facts})
+    return {**data, "messages": entries}

@@ -110,34 +110,38 @@ EXAMPLE_OUT = (
 )
 
 
-#: The compact output ("compact", the default): no keys, no field the code can read off the sentence. Per message
-#: a pair [label, facts]: the label "[n] Speaker: opening words" is fixed by the grammar (it puts the model's
-#: attention on that message, see ``_opening``); each fact is [sentence, object, when, kind, temporal]. The subject
-#: is the name the sentence starts with and the relation the words between subject and object
-#: (``services.memorize.compact``). Half the generated tokens of the keyed JSON for the same facts.
-SYSTEM_COMPACT = """You keep a long-term memory of what people tell each other. For EACH numbered message list the \
-facts worth remembering about people: what they did, do, plan, own, like, feel or think, with names, places, dates \
-and numbers. A fact is one short sentence that starts with the name of the person it is about and makes sense alone: \
-never "I", "you", "he" or "she". The speaker is named before each message: "I", "me" and "my" mean the speaker, \
-"you" the person they talk to. A photo the speaker shares is part of their message. A message that only greets, \
-thanks, asks or compliments has no facts: give it an empty list; one that opens so and then tells something has the \
-facts it tells. Write each message as [label, facts] and each fact as [sentence, object, when, kind, temporal]: \
-object is the person, place, thing or activity of the sentence the fact is about, in the sentence's words; when is \
-the words of the message that say when it happened, such as "yesterday" or "last year", else ""; kind is FACT, \
-OPINION, or PREDICTION for a plan or expectation; temporal is STATIC (never changes), DYNAMIC (may change) or \
-ATEMPORAL (always true). Output JSON only."""
+#: The compact output ("compact", the default): no field the code can read off the sentence. Per message
+#: {"m": label, "facts": [...]}: the label "[n] Speaker: opening words" is fixed by the grammar (it puts the model's
+#: attention on that message, see ``_opening``); each fact is {fact, object, when, kind, temporal}. The subject is
+#: the name the sentence starts with and the relation the words between subject and object
+#: (``services.memorize.compact``). Positional lists without keys were tried first: the 1.5B model then gave most
+#: messages an empty list (docs/benchmarks.md, "Model time").
+SYSTEM_COMPACT = """You keep a long-term memory of what people tell each other. For EACH numbered message list \
+the facts worth remembering about people: what they did, do, plan, own, like, feel or think, with names, places, \
+dates and numbers. A fact is one short sentence that starts with the name of the person it is about and makes \
+sense alone: never "I", "you", "he" or "she". The speaker is named before each message: "I", "me" and "my" mean \
+the speaker, "you" the person they talk to. A photo the speaker shares is part of their message. A message that \
+only greets, thanks, asks or compliments has no facts: give it an empty list; one that opens so and then tells \
+something has the facts it tells. Each fact has: fact (the sentence), object (the person, place, thing or \
+activity of the sentence the fact is about, in the sentence's words), when (the words of the message that say \
+when it happened, such as "yesterday" or "last year", else ""), kind (FACT, OPINION, or PREDICTION for a plan or \
+expectation) and temporal (STATIC: never changes, DYNAMIC: may change, ATEMPORAL: always true). Output JSON only."""
 
 EXAMPLE_OUT_COMPACT = (
-    '{"messages":[["[1] Anna: Hi Ben! How was your",[]],'
-    '["[2] Ben: Busy! I started a pottery",['
-    '["Ben started a pottery class and loves it.","pottery class","on Monday","FACT","DYNAMIC"],'
-    '["Ben made a clay bowl in his pottery class.","clay bowl","","FACT","STATIC"]]],'
-    '["[3] Anna: Wow, that bowl is great!",[]],'
-    '["[4] Anna: Big news: I quit Siemens",['
-    '["Anna quit her job at Siemens.","Siemens","last week","FACT","STATIC"],'
-    '["Anna works as a nurse at St. Mary\'s.","St. Mary\'s","","FACT","DYNAMIC"]]],'
-    '["[5] Ben: I\'m off to Rome tomorrow",['
-    '["Ben is going to Rome for his sister\'s wedding.","Rome","tomorrow","PREDICTION","DYNAMIC"]]]]}'
+    '{"messages":[{"m":"[1] Anna: Hi Ben! How was your","facts":[]},'
+    '{"m":"[2] Ben: Busy! I started a pottery","facts":['
+    '{"fact":"Ben started a pottery class and loves it.","object":"pottery class","when":"on Monday",'
+    '"kind":"FACT","temporal":"DYNAMIC"},'
+    '{"fact":"Ben made a clay bowl in his pottery class.","object":"clay bowl","when":"","kind":"FACT",'
+    '"temporal":"STATIC"}]},'
+    '{"m":"[3] Anna: Wow, that bowl is great!","facts":[]},'
+    '{"m":"[4] Anna: Big news: I quit Siemens","facts":['
+    '{"fact":"Anna quit her job at Siemens.","object":"Siemens","when":"last week","kind":"FACT","temporal":"STATIC"},'
+    '{"fact":"Anna works as a nurse at St. Mary\'s.","object":"St. Mary\'s","when":"","kind":"FACT",'
+    '"temporal":"DYNAMIC"}]},'
+    '{"m":"[5] Ben: I\'m off to Rome tomorrow","facts":['
+    '{"fact":"Ben is going to Rome for his sister\'s wedding.","object":"Rome","when":"tomorrow",'
+    '"kind":"PREDICTION","temporal":"DYNAMIC"}]}]}'
 )
 
 
@@ -285,7 +289,7 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         if self.output != "compact" or not isinstance(inputs, ExtractionInput):
             return super().parse(text, inputs)
         data = load_json_object(text)
-        if compact.is_keyed(data):
+        if not compact.is_compact(data):
             # the keyed shape is read in either mode: scripted replies and outputs cached before the compact one
             return super().parse(text, inputs)
         keyed = compact.to_keyed(data, _labels(inputs), Speakers.of(inputs))
