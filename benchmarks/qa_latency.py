@@ -32,7 +32,8 @@ from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, Edge, EdgeKind, Vertex, VertexKind
 from services.llm.scripted import Responder, ScriptedLLM
 from services.ports import Embedder, LLMRequest, VectorItem
-from services.qa.pipeline import PlanningQA, QAConfig
+from services.qa.base import QAConfig
+from services.qa.planning import PlanningQA
 from services.qa.stages import Stage
 from services.retrieval.base import Retriever
 from services.retrieval.registry import get_retriever

@@ -47,7 +47,8 @@ from services.adapters.remote import RemoteMemoryStore
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, Edge, EdgeKind, Vertex, VertexKind
 from services.llm.scripted import ScriptedLLM
-from services.qa.pipeline import PlanningQA, QAConfig
+from services.qa.base import QAConfig
+from services.qa.planning import PlanningQA
 from services.retrieval.base import Retriever
 from services.retrieval.registry import get_retriever
 from streams.codec import encode

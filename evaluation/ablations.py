@@ -1,7 +1,9 @@
 """The paper's ablations as variants of the memory mode in one run: ``memstream eval --ablation SPEC``.
 
 A spec is one or more switches joined by commas (``no_enhancement``, ``clues=2``, ``no_enhancement,clues=2``); its
-rows are the mode ``memory[SPEC]``, scored exactly like ``memory``. Every switch but ``no_batching`` is a per-query
+rows are the mode ``memory[SPEC]``, scored exactly like ``memory``. ``engine=NAME`` answers with another QA engine
+(``fast``, ``planning``, ``simple``) over the same memory and LLM cache: ``--ablation engine=planning`` puts today's
+planning engine beside the default on the same questions, in one run. Every switch but ``no_batching`` is a per-query
 option (``QueryOptions``, what ``memstream ask --no-enhancement`` sends), so the variant asks the run's one engine
 and shares its memory and LLM cache: only the calls the switch changes reach the model. ``no_batching`` needs a
 memory of its own, memorized one message per call.
@@ -21,9 +23,10 @@ from services.retrieval.registry import available
 SWITCHES = {"enhancement": "plan_enhancement", "decomposition": "decomposition", "episodic": "episodic_context"}
 #: ``NAME=N``: its counts
 COUNTS = {"clues": "max_clue_queries", "steps": "max_steps"}
+ENGINES = ("fast", "planning", "simple")
 KNOWN = (
-    "no_enhancement, enhancement, no_decomposition, decomposition, no_episodic, episodic, flat (the flat "
-    "retriever instead of the traversal), retriever=NAME, clues=1..8, steps=1..12, no_batching"
+    "engine=fast|planning|simple, no_enhancement, enhancement, no_decomposition, decomposition, no_episodic, "
+    "episodic, flat (the flat retriever instead of the traversal), retriever=NAME, clues=1..8, steps=1..12, no_batching"
 )
 
 
@@ -32,6 +35,7 @@ class Ablation:
     spec: str
     options: QueryOptions
     batch: int | None = None  # memorize's batch size of its own memory; None: the run's memory
+    engine: str | None = None  # the QA engine that answers (``MEMSTREAM_QA_ENGINE``); None: the run's
 
     @property
     def mode(self) -> str:
@@ -62,17 +66,21 @@ def _switch(part: str, options: dict[str, Any]) -> None:
 def parse(spec: str) -> Ablation:
     """``spec`` as an ablation; ``ValueError`` naming the known switches when it is not one."""
     options: dict[str, Any] = {}
-    batch = None
+    batch = engine = None
     for part in (p.strip() for p in spec.split(",")):
         if part == "no_batching":
             batch = 1
+        elif part.startswith("engine="):
+            engine = part.removeprefix("engine=")
+            if engine not in ENGINES:
+                raise ValueError(f"ablation {part!r}: the engines are {', '.join(ENGINES)}")
         else:
             _switch(part, options)
     try:
         query_options = QueryOptions(**options)
     except ValidationError as exc:
         raise ValueError(f"ablation {spec!r}: {exc.errors()[0]['msg']}") from None
-    return Ablation(spec.strip(), query_options, batch)
+    return Ablation(spec.strip(), query_options, batch, engine)
 
 
 def parse_all(specs: tuple[str, ...] | list[str]) -> list[Ablation]:

@@ -7,7 +7,7 @@ question's user as its memory, only where that prompt fits the model; no retriev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from evaluation.datasets import MemoryEvent
@@ -21,6 +21,7 @@ from services.memorize.builder import ChangeSetBuilder
 from services.memorize.service import _units
 from services.ports import LLM, Embedder, VectorItem
 from services.qa.simple import AnswerInput, AnswerTask
+from services.qa.streaming import streamed
 
 
 async def index_raw(
@@ -80,11 +81,12 @@ class PromptOnly:
         """The estimated size of the prompt this baseline sends for ``query``."""
         return estimate_tokens([m.content for m in self.task.messages(AnswerInput(query.question, self.memory(query)))])
 
-    async def answer(self, query: Query, emit: object = None) -> Answer:
+    async def answer(self, query: Query, emit: object = None, on_text: Callable[[str], None] | None = None) -> Answer:
         status, text, error, calls = AnswerStatus.NO_ANSWER, "No answer", None, 0
         with llm_scope(query.user_id):
             try:
-                result = await run_task(self.llm, self.task, AnswerInput(query.question, self.memory(query)))
+                inputs = AnswerInput(query.question, self.memory(query))
+                result = await run_task(self.llm, self.task, inputs, on_text=streamed(on_text))
             except TaskFailed as exc:
                 status, text, error = AnswerStatus.ERROR, "", str(exc)
             else:

@@ -381,10 +381,19 @@ class Harness:
         """Each answer mode of the run: the baselines, ``memory`` and its ablations. One engine per memory, built
         by the system's one builder; an ablation's switches travel as the query's options, as ``memstream ask``
         sends them."""
-        engines = {m.label: build_engine(m.settings, m.store.stores(), self.embedder, self.llm) for m in self.memories}
+        engines: dict[tuple[str, str], QAEngine] = {}
+
+        def engine(memory: Memory, name: str | None = None) -> QAEngine:
+            """One engine per memory and engine name, built by the system's one builder."""
+            settings = memory.settings.model_copy(update={"qa_engine": name}) if name else memory.settings
+            key = (memory.label, settings.qa_engine)
+            if key not in engines:
+                engines[key] = build_engine(settings, memory.store.stores(), self.embedder, self.llm)
+            return engines[key]
+
         arms: dict[str, Arm] = {}
         if "memory" in self.config.modes:
-            arms["memory"] = Arm(engines[""], self.memory.store, self.memory)
+            arms["memory"] = Arm(engine(self.memory), self.memory.store, self.memory)
         if "flat_rag" in self.config.modes:
             flat_rag = SimpleQA(self.raw, self.raw, self.embedder, self.llm, top_k=self.settings.qa_top_k)
             arms["flat_rag"] = Arm(flat_rag, self.raw, self.memory)
@@ -397,11 +406,11 @@ class Harness:
         for ablation in self.ablations:
             memory = by_batch[ablation.batch or self.config.batch]
             skip = None
-            if ablation.options != QueryOptions() and self.settings.qa_engine == "simple":
+            if ablation.options != QueryOptions() and (ablation.engine or self.settings.qa_engine) == "simple":
                 # the simple QA has no plan, clue-queries, traversal or episodic switch: its rows would be the
                 # memory mode's again, reported as an ablation that changed nothing
                 skip = "simple_engine_ignores_options"
-            arms[ablation.mode] = Arm(engines[memory.label], memory.store, memory, ablation.options, skip)
+            arms[ablation.mode] = Arm(engine(memory, ablation.engine), memory.store, memory, ablation.options, skip)
         return arms
 
     def sample(self) -> list[EvalQuestion]:
@@ -625,7 +634,9 @@ async def evaluate(config: EvalConfig) -> dict[str, Any]:
             "seed": config.seed,
             "modes": list(config.modes),
             "ablations": {
-                a.mode: a.options.model_dump(exclude_none=True) | ({"batch": a.batch} if a.batch else {})
+                a.mode: a.options.model_dump(exclude_none=True)
+                | ({"batch": a.batch} if a.batch else {})
+                | ({"engine": a.engine} if a.engine else {})
                 for a in variants
             },
             "retrievers": list(config.retrievers),

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
+from services.llm.factory import build_embedder, build_llm
+from services.llm.scripted import load_scripted_llm
 from services.memorize.forget import ForgetService
 from services.memorize.service import MemorizeService
 from services.ports import LLM, Embedder, Stores
-from services.qa.pipeline import PlanningQA, QAConfig
+from services.qa.base import QAConfig
+from services.qa.fast import FastQA
+from services.qa.planning import PlanningQA
 from services.qa.service import QAEngine, QAService
 from services.qa.simple import SimpleQA
 from services.retrieval.registry import get_retriever
@@ -31,14 +34,6 @@ class Services:
         await self.stores.close()
 
 
-def load_scripted_llm(spec: str) -> LLM:
-    """``module:function`` -> the LLM that function returns (tests and demos run workers with a scripted LLM)."""
-    module_name, _, attr = spec.partition(":")
-    factory = getattr(importlib.import_module(module_name), attr or "make_llm")
-    llm: LLM = factory()
-    return llm
-
-
 async def open_stores(settings: Settings, dim: int) -> Stores:
     """The configured backend's stores: ``MEMSTREAM_STORE=sqlite`` (embedded file) or ``remote`` (Dgraph +
     Weaviate)."""
@@ -52,8 +47,6 @@ async def open_stores(settings: Settings, dim: int) -> Stores:
 
 
 async def build_services(settings: Settings, llm: LLM | None = None) -> Services:
-    from services.llm.factory import build_embedder, build_llm
-
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     embedder = build_embedder(settings)
     stores = await open_stores(settings, embedder.dim)
@@ -73,13 +66,14 @@ async def build_services(settings: Settings, llm: LLM | None = None) -> Services
 def build_engine(settings: Settings, stores: Stores, embedder: Embedder, llm: LLM) -> QAEngine:
     """The QA engine ``settings.qa_engine`` names, over the graph and vectors of ``stores``."""
     graph, vectors = stores.graph, stores.vectors
-    if settings.qa_engine == "planning":
-        return PlanningQA(
-            graph,
-            vectors,
-            embedder,
-            llm,
-            lambda name: get_retriever(name, graph, vectors, embedder),
-            QAConfig.from_settings(settings),
-        )
-    return SimpleQA(graph, vectors, embedder, llm, top_k=settings.qa_top_k)
+    if settings.qa_engine == "simple":
+        return SimpleQA(graph, vectors, embedder, llm, top_k=settings.qa_top_k)
+    engine = PlanningQA if settings.qa_engine == "planning" else FastQA
+    return engine(
+        graph,
+        vectors,
+        embedder,
+        llm,
+        lambda name: get_retriever(name, graph, vectors, embedder),
+        QAConfig.from_settings(settings),
+    )

@@ -192,8 +192,13 @@ class Settings(BaseSettings):
     weaviate_api_key: SecretStr | None = Field(default=None, description="Weaviate API key (secret)")
 
     # QA
-    qa_engine: Literal["planning", "simple"] = Field(
-        default="planning", description="PAI-2 planning pipeline, or one retrieve-and-answer call"
+    qa_engine: Literal["fast", "planning", "simple"] = Field(
+        default="fast",
+        description="PAI-2 stages in a few calls (a first answer, a planning round where evidence is missing), "
+        "the planning pipeline of one call per stage and step, or one retrieve-and-answer call",
+    )
+    qa_max_rounds: int = Field(
+        default=1, ge=0, le=4, description="fast engine: planning rounds after an insufficient first answer"
     )
     qa_top_k: int = 12
     # flat over theses and the messages they came from: on conversations (LoCoMo) it found the evidence far more

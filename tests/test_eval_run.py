@@ -189,27 +189,35 @@ def test_ablations_and_full_context_are_modes_of_one_run(tmp_path: Path) -> None
     assert run_cli(*args)["calls"] == 0  # resumed: both memories built, every row there
 
 
-async def test_ablation_switches_reach_the_one_engine_as_query_options(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With the planning engine the options ride on each query; the engine is built once per memory."""
+def spy_on_engines(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], dict[str, tuple[str, QueryOptions]]]:
+    """The harness's engines replaced by simple ones that record it: the engine names built, and per mode the
+    engine and options that answered it."""
     import evaluation.run as run
 
-    seen: dict[str, QueryOptions] = {}
     built: list[str] = []
+    answered: dict[str, tuple[str, QueryOptions]] = {}
 
     def spy_engine(settings: Settings, stores: Stores, embedder: Any, llm: Any) -> Any:
         built.append(settings.qa_engine)
         simple = SimpleQA(stores.graph, stores.vectors, embedder, llm)
+        engine = settings.qa_engine
 
         class Spy:
-            async def answer(self, query: Query, emit: Any = None) -> Answer:
-                seen[query.event_id.split(":")[1]] = query.options
-                return await simple.answer(query, emit)
+            async def answer(self, query: Query, emit: Any = None, on_text: Any = None) -> Answer:
+                answered[query.event_id.split(":")[1]] = (engine, query.options)
+                return await simple.answer(query, emit, on_text)
 
         return Spy()
 
     monkeypatch.setattr(run, "build_engine", spy_engine)
+    return built, answered
+
+
+async def test_ablation_switches_reach_the_one_engine_as_query_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the planning engine the options ride on each query; the engine is built once per memory."""
+    built, answered = spy_on_engines(monkeypatch)
     config = EvalConfig(
         dataset="locomo",
         results=tmp_path / "r",
@@ -224,13 +232,43 @@ async def test_ablation_switches_reach_the_one_engine_as_query_options(
     )
     results = await evaluate(config)
     assert built == ["planning"]
-    assert seen == {
+    assert {mode: options for mode, (_, options) in answered.items()} == {
         "memory": QueryOptions(),
         "memory_no_enhancement_": QueryOptions(plan_enhancement=False),
         "memory_flat_no_episodic_": QueryOptions(retriever="flat", episodic_context=False),
         "memory_clues=2_": QueryOptions(max_clue_queries=2),
     }
     assert all(results["answers"][m]["all"]["n"] == 1 for m in ("memory[no_enhancement]", "memory[clues=2]"))
+
+
+async def test_engines_answer_side_by_side_in_one_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine=NAME`` answers the same questions with another engine over the same memory: one engine built per
+    name, each mode its own rows; a switch given with it reaches that engine as the query's option."""
+    built, answered = spy_on_engines(monkeypatch)
+    config = EvalConfig(
+        dataset="locomo",
+        results=tmp_path / "r",
+        data=write(tmp_path, "tiny.json", TINY_LOCOMO),
+        llm="scripted",
+        engine="fast",
+        modes=("memory",),
+        ablations=("engine=planning", "engine=planning,no_enhancement", "engine=fast,steps=2"),
+        questions=1,
+        judge=False,
+        progress=False,
+    )
+    results = await evaluate(config)
+    assert built == ["fast", "planning"]
+    assert answered == {
+        "memory": ("fast", QueryOptions()),
+        "memory_engine=planning_": ("planning", QueryOptions()),
+        "memory_engine=planning_no_enhancement_": ("planning", QueryOptions(plan_enhancement=False)),
+        "memory_engine=fast_steps=2_": ("fast", QueryOptions(max_steps=2)),
+    }
+    assert results["run"]["ablations"]["memory[engine=planning]"] == {"engine": "planning"}
+    assert all(results["answers"][m]["all"]["n"] == 1 for m in ("memory", "memory[engine=planning]"))
+    with pytest.raises(ValueError, match="engines are"):
+        parse("engine=nope")
 
 
 def test_full_context_sends_every_turn_with_speaker_and_date_when_it_fits(tmp_path: Path) -> None:

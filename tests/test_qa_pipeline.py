@@ -21,8 +21,9 @@ from services.domain import ChangeSet, Edge, EdgeInvalidation, EdgeKind, Invalid
 from services.llm.factory import build_llm
 from services.llm.scripted import Responder, ScriptedLLM
 from services.ports import LLM, LLMRequest, VectorItem
+from services.qa.base import NO_ANSWER, QAConfig
 from services.qa.matching import EntityMatcher, combinations
-from services.qa.pipeline import NO_ANSWER, PlanningQA, QAConfig
+from services.qa.planning import PlanningQA
 from services.retrieval.base import RetrievalRequest, Retriever
 from services.retrieval.registry import get_retriever
 from services.settings import Settings

@@ -15,7 +15,7 @@ from schemas.events import QueryOptions
 from services.llm.scripted import ScriptedLLM
 from services.llm.task import LLMTask, TaskFailed, TaskOutputError, run_task
 from services.ports import LLM
-from services.qa.pipeline import QAConfig
+from services.qa.base import QAConfig
 from services.qa.tasks import (
     ClueAnswerInput,
     ClueAnswerTask,

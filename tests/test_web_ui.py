@@ -428,7 +428,7 @@ def test_the_page_does_not_show_another_users_trace(
 
 
 def planning_trace(query_id: str) -> tuple[list[StageEvent], Answer]:
-    """The stage events of a planning-QA run (as services/qa/pipeline.py emits them) and its answer."""
+    """The stage events of a planning-QA run (as services/qa/planning.py emits them) and its answer."""
     t0 = datetime.now(UTC)
     rows: list[tuple[int, str, str | None, str | None, str | None, dict[str, object]]] = [
         (1, "decompose", None, None, None, {"sub_questions": ["Where does Anna work?", "Who is Miso?"]}),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.llm.layers import CachedLLM, LimitedLLM, MeteredLLM, RetryingLLM
-from services.llm.scripted import ScriptedLLM
+from services.llm.scripted import ScriptedLLM, load_scripted_llm
 from services.logging import get_logger
 from services.ports import LLM, Embedder, KeyValueCache
 from services.settings import Settings
@@ -60,8 +60,6 @@ def build_adapter(settings: Settings) -> LLM:
         )
     if settings.llm == "scripted":
         if settings.scripted_llm:
-            from services.container import load_scripted_llm
-
             return load_scripted_llm(settings.scripted_llm)
         return ScriptedLLM()  # answers nothing until a test queues replies
     raise ValueError(f"unknown llm {settings.llm!r}")

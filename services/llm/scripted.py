@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import re
 from collections import defaultdict, deque
@@ -64,6 +65,14 @@ class ScriptedLLM(LLM):
             self.in_flight -= 1
         prompt = sum(len(m.content) for m in request.messages)
         return LLMResponse(text=text, model=self.model, tokens_in=prompt // 4, tokens_out=len(text) // 4)
+
+
+def load_scripted_llm(spec: str) -> LLM:
+    """``module:function`` -> the LLM that function returns (tests and demos run workers with a scripted LLM)."""
+    module_name, _, attr = spec.partition(":")
+    factory = getattr(importlib.import_module(module_name), attr or "make_llm")
+    llm: LLM = factory()
+    return llm
 
 
 _WORD = re.compile(r"[A-Za-z0-9']+")

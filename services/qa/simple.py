@@ -9,7 +9,7 @@ with its label and holder, marks such as "conflicts with: ..." after it) after `
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated
@@ -21,8 +21,8 @@ from services import metrics
 from services.domain import Vertex, VertexKind
 from services.llm.task import LLMTask, TaskFailed, run_task
 from services.ports import LLM, Embedder, GraphStore, LLMMessage, VectorStore
-
-Emit = Callable[[StageEvent], Awaitable[None]]
+from services.qa.base import Emit, Shown
+from services.qa.streaming import streamed
 
 
 class AnswerOut(BaseModel):
@@ -67,7 +67,9 @@ class SimpleQA:
         self.top_k = top_k
         self.task = AnswerTask()
 
-    async def answer(self, query: Query, emit: Emit | None = None) -> Answer:
+    async def answer(
+        self, query: Query, emit: Emit | None = None, on_text: Callable[[str], None] | None = None
+    ) -> Answer:
         started = time.perf_counter()
         trace_id = f"tr_{query.query_id}"
 
@@ -102,13 +104,17 @@ class SimpleQA:
 
         t0 = time.perf_counter()
         evidence = [EvidenceTriplet(id=v.id, text=v.text, kind=v.kind.value) for v in memory]
+        shown = Shown(on_text)
         try:
-            result = await run_task(self.llm, self.task, AnswerInput(query.question, memory))
+            inputs = AnswerInput(query.question, memory)
+            result = await run_task(self.llm, self.task, inputs, on_text=streamed(shown.listener))
         except TaskFailed as exc:
             await stage(13, "combine", t0, StageStatus.ERROR)
+            shown.last("")
             return self._answer(query, trace_id, "", AnswerStatus.ERROR, evidence, started, 0, str(exc))
         status = AnswerStatus.ANSWERED if result.value.found and memory else AnswerStatus.NO_ANSWER
         text = result.value.answer if status is AnswerStatus.ANSWERED else "No answer"
+        shown.last(text)
         await stage(
             13,
             "combine",

@@ -48,9 +48,13 @@ class NerTask(PromptTask[NerOutput, list[str]]):
         return f"Step: {inputs.step}"
 
     def postprocess(self, output: NerOutput, inputs: NerInput) -> list[str]:
-        step = inputs.step.casefold()
-        # Only names the step contains: a small model also "extracts" names from its own knowledge.
-        found = [e for e in clean_items(output.entities, max_chars=120) if _in_step(e, step)]
-        # Lowercase common words ("director", "country") are relation words, not names, when the step has names.
-        named = [e for e in found if _written_as_name(e, inputs.step)]
-        return (named or found)[: inputs.max_entities]
+        return names_written(output.entities, inputs.step, inputs.max_entities)
+
+
+def names_written(entities: list[str], step: str, limit: int) -> list[str]:
+    """The entities a model named that ``step`` contains, names before common words, at most ``limit``."""
+    # Only names the step contains: a small model also "extracts" names from its own knowledge.
+    found = [e for e in clean_items(entities, max_chars=120) if _in_step(e, step.casefold())]
+    # Lowercase common words ("director", "country") are relation words, not names, when the step has names.
+    named = [e for e in found if _written_as_name(e, step)]
+    return (named or found)[:limit]

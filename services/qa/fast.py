@@ -1,0 +1,221 @@
+"""The fast engine (the default, ``MEMSTREAM_QA_ENGINE=fast``): the PAI-2 stages in a few calls.
+
+A first answer from one retrieval: the question's names matched without a call (stages 3-4), the question itself
+as the one clue-query seeded by every match (5), one traversal and filter (6-7), and one call that answers and says
+whether the memory sufficed (8, 9 and 13 merged). Only when it did not, a planning round: one call decomposes the
+question, plans the search steps with the names each mentions and writes them with what the first answer found and
+missed (1, 2, 3 and 10 merged); each step is searched without a call (4-7, clue-queries by substitution); one more
+answer call reads everything found. ``max_rounds`` bounds the rounds: 1 + 2 x rounds calls at most (3 by default),
+a retried invalid output apart. Every stage still emits its event; a merged or skipped one says so in its detail.
+"""
+
+from __future__ import annotations
+
+from schemas.events import Answer, AnswerStatus, Query, StageStatus
+from services.domain import Triplet
+from services.llm.task import TaskFailed
+from services.qa.base import NO_ANSWER, Clue, Engine, OnText, QAConfig, RunBase, Step, SubQuestion, evidence_of, run_all
+from services.qa.search import SearchRoom
+from services.qa.stages import Stage, StageRecorder
+from services.qa.streaming import streamed
+from services.qa.tasks import AnswerCheckInput, AnswerCheckTask, SearchPlan, SearchPlanInput, SearchPlanTask, Verdict
+from services.qa.tasks.common import names_in
+from services.retrieval.base import Retriever
+
+#: the stage that holds the call a merged stage's work went into
+ANSWER_CALL = "summarise"
+PLAN_CALL = "plan"
+
+
+class FastQA(Engine):
+    """A first answer from one retrieval; the planning loop only where that answer says evidence is missing."""
+
+    def new_run(self, query: Query, config: QAConfig, recorder: StageRecorder) -> RunBase:
+        return _FastRun(self, query, config, recorder)
+
+
+class _FastRun(SearchRoom):
+    def __init__(self, qa: Engine, query: Query, config: QAConfig, recorder: StageRecorder) -> None:
+        super().__init__(qa, query, config, recorder)
+        self.parts: list[str] = []
+        self.shown: list[Triplet] = []  # the memory the latest answer call read
+
+    async def execute(self, on_text: OnText | None) -> Answer:
+        retriever = self.qa.retriever(self.config.retriever)  # fail fast, before any LLM call
+        question = self.query.question
+        sq = SubQuestion(id="sq1", text=question)
+        self.sub_questions = [sq]
+        first = sq.new_step(question)
+        first.entities, first.named_by = sorted(names_in(question)), "question"  # capitalised names, no call
+        await self._next_step(sq, first)
+        found = await self._first_search(sq, first, retriever)
+        sq.done.append(first)
+        self.plan_history.append(sq.plan)
+        verdict = await self._answer_call(sq, [found], on_text, first)
+        first.answer = verdict.answer
+        best = verdict
+        rounds = 0
+        while not verdict.sufficient and rounds < self.config.max_rounds:
+            rounds += 1
+            steps = await self._plan(sq, verdict, rounds)
+            if not steps:
+                break
+            for step in steps:
+                await self._next_step(sq, step)
+            clue_lists = await self._search_steps(sq, steps, retriever)
+            sq.done += steps
+            groups = [self.shown, *([t for c in clue_lists[s.id] for t in c.triplets] for s in steps)]
+            verdict = await self._answer_call(sq, groups, on_text, steps[-1])
+            best = verdict if verdict.answer is not None or best.answer is None else best
+        await self._stop(sq, verdict, rounds)
+        return await self._finish(sq, best)
+
+    async def _search_steps(self, sq: SubQuestion, steps: list[Step], retriever: Retriever) -> dict[str, list[Clue]]:
+        """Stages 3-7 of every step at once: no call among them (entities from the plan, clue-queries substituted)."""
+        found: dict[str, list[Clue]] = {}
+
+        async def search(step: Step) -> None:
+            found[step.id] = await self.gather(sq, step, retriever, rewrite=False)
+
+        await run_all(search(step) for step in steps)
+        return found
+
+    async def _next_step(self, sq: SubQuestion, step: Step) -> None:
+        async with self.recorder.stage(Stage.NEXT_STEP, sub_question_id=sq.id, step_id=step.id) as scope:
+            scope.detail["step"] = step.text
+
+    async def _first_search(self, sq: SubQuestion, step: Step, retriever: Retriever) -> list[Triplet]:
+        """Stages 3-7 for the question itself: one clue-query, one traversal."""
+        entities, _ = await self._entities(sq, step)
+        matches = await self._match(sq, step, entities, fallback=step.text)
+        async with self.recorder.stage(Stage.CLUE_QUERIES, sub_question_id=sq.id, step_id=step.id) as scope:
+            seeds = list(dict.fromkeys(m.vertex.id for ms in matches.values() for m in ms))
+            clue = Clue(id=f"{step.id}.c1", text=step.text, seeds=seeds)
+            await self.embed_clues(step, [clue])
+            scope.vertices = len(seeds)
+            scope.detail["clue_queries"] = [clue.text]
+            scope.detail["reason"] = "first answer: the question itself, seeded by every match, no call"
+        await self.traverse(sq, step, clue, retriever)
+        return clue.triplets
+
+    async def _answer_call(
+        self, sq: SubQuestion, groups: list[list[Triplet]], on_text: OnText | None, step: Step
+    ) -> Verdict:
+        """Stage 8 (the answer call, streamed) with the verdict it carries as stage 9."""
+        memory = _interleave(groups, 2 * self.config.filter_top_k)
+        self.shown = memory
+        ctx = {"sub_question_id": sq.id, "step_id": step.id}
+        async with self.recorder.stage(Stage.SUMMARISE, **ctx) as scope:
+            scope.triplets = len(memory)
+            scope.detail["merged"] = ["sufficiency", "combine"]  # one call answers the question and judges it
+            inputs = AnswerCheckInput(
+                question=self.query.question,
+                parts=self.parts,
+                memory=[t.context for t in memory],
+                as_of=self.query.as_of,
+            )
+            try:
+                verdict = await self.task(scope, AnswerCheckTask(), inputs, streamed(on_text))
+            except TaskFailed as exc:
+                sq.failures.append(str(exc))
+                verdict = Verdict(answer=None, sufficient=False, missing="the answer")  # degrade: search on
+            scope.detail["answer"] = (verdict.answer or "")[:300]
+            if verdict.answer is None and scope.status is StageStatus.OK:
+                scope.status = StageStatus.EMPTY
+        async with self.recorder.stage(Stage.SUFFICIENCY, **ctx) as scope:
+            scope.detail |= {"merged_into": ANSWER_CALL, "sufficient": verdict.sufficient, "missing": verdict.missing}
+        if verdict.answer is not None:
+            sq.evidence = {t.id: evidence_of(t) for t in memory}
+        return verdict
+
+    async def _plan(self, sq: SubQuestion, verdict: Verdict, round_: int) -> list[Step]:
+        """One call for stages 1, 2, 3 and 10: the round's new steps (none when the call failed)."""
+        enhance = self.config.plan_enhancement
+        if round_ > 1 and not enhance:
+            # a later round re-plans with what the earlier ones found: that is plan enhancement itself
+            await self.recorder.mark(Stage.ENHANCE, StageStatus.SKIPPED, sub_question_id=sq.id)
+            return []
+        async with self.recorder.stage(Stage.PLAN, sub_question_id=sq.id) as scope:
+            scope.detail["round"] = round_
+            scope.detail["merged"] = ["decompose", "ner", "enhance"]
+            inputs = SearchPlanInput(
+                question=self.query.question,
+                found=(verdict.answer or "nothing") if enhance else "",
+                missing=verdict.missing if enhance else "",
+                done=[s.text for s in sq.done[1:]],
+                decompose=self.config.decomposition,
+                max_sub_questions=self.config.max_sub_questions,
+                max_steps=self.config.max_steps,
+                max_entities=self.config.max_entities,
+            )
+            try:
+                plan = await self.task(scope, SearchPlanTask(), inputs)
+            except TaskFailed as exc:
+                sq.failures.append(str(exc))
+                plan = SearchPlan(sub_questions=[self.query.question], steps=[])  # degrade: the first answer stands
+            scope.detail["steps"] = [s.query for s in plan.steps]
+        await self._merged_plan_stages(sq, plan, enhance)
+        sq.revision = round_
+        steps = []
+        for planned in plan.steps:
+            step = sq.new_step(planned.query)
+            step.entities, step.named_by = planned.names, PLAN_CALL
+            steps.append(step)
+        sq.pending = steps  # the plan as written, for its history; the caller searches them all at once
+        self.plan_history.append(sq.plan)
+        sq.pending = []
+        return steps
+
+    async def _merged_plan_stages(self, sq: SubQuestion, plan: SearchPlan, enhance: bool) -> None:
+        """The events of stages 1 and 10, whose work the plan call did."""
+        if self.config.decomposition:
+            self.parts = plan.sub_questions
+            async with self.recorder.stage(Stage.DECOMPOSE) as scope:
+                scope.detail |= {"merged_into": PLAN_CALL, "sub_questions": plan.sub_questions}
+        else:
+            await self.recorder.mark(Stage.DECOMPOSE, StageStatus.SKIPPED)
+        if enhance:
+            async with self.recorder.stage(Stage.ENHANCE, sub_question_id=sq.id) as scope:
+                scope.detail |= {"merged_into": PLAN_CALL, "changed": bool(plan.steps)}
+        else:
+            await self.recorder.mark(Stage.ENHANCE, StageStatus.SKIPPED, sub_question_id=sq.id)
+
+    async def _stop(self, sq: SubQuestion, verdict: Verdict, rounds: int) -> None:
+        """Stage 12, and the events of the stages a sufficient first answer made unnecessary."""
+        if verdict.sufficient:
+            reason = "first answer sufficient" if rounds == 0 else "sufficient"
+            if rounds == 0:
+                for stage in (Stage.DECOMPOSE, Stage.PLAN, Stage.ENHANCE):
+                    where = None if stage is Stage.DECOMPOSE else sq.id
+                    async with self.recorder.stage(stage, sub_question_id=where) as scope:
+                        scope.status = StageStatus.SKIPPED
+                        scope.detail["reason"] = reason
+            await self.recorder.mark(Stage.NO_ANSWER, StageStatus.SKIPPED, sub_question_id=sq.id)
+            return
+        async with self.recorder.stage(Stage.NO_ANSWER, sub_question_id=sq.id) as scope:
+            scope.detail |= {"rounds": rounds, "missing": verdict.missing, "steps_done": len(sq.done)}
+            scope.detail["reason"] = "round limit" if rounds >= self.config.max_rounds else "no new step"
+
+    async def _finish(self, sq: SubQuestion, best: Verdict) -> Answer:
+        """Stage 13: the answer call answered the whole question; a partial answer stands when no round did better."""
+        async with self.recorder.stage(Stage.COMBINE) as scope:
+            scope.detail["merged_into"] = ANSWER_CALL
+            sq.answer = best.answer
+            if best.answer is not None:
+                scope.detail["sufficient"] = best.sufficient
+                return self.answer_of(best.answer, AnswerStatus.ANSWERED)
+            scope.status = StageStatus.EMPTY
+            sq.evidence = {}
+            if sq.failures:
+                return self.answer_of(NO_ANSWER, AnswerStatus.ERROR, error="; ".join(sq.failures))
+            return self.answer_of(NO_ANSWER, AnswerStatus.NO_ANSWER)
+
+
+def _interleave(groups: list[list[Triplet]], limit: int) -> list[Triplet]:
+    """One triplet of each group in turn (each step's best first), unique by id, at most ``limit``."""
+    out: dict[str, Triplet] = {}
+    for rank in range(max((len(g) for g in groups), default=0)):
+        for group in groups:
+            if rank < len(group) and group[rank].id not in out:
+                out[group[rank].id] = group[rank]
+    return list(out.values())[:limit]

@@ -1,0 +1,73 @@
+"""Stages 8, 9 and 13 of the fast engine in one call: the answer to the whole question from the memory found, with
+the verdict whether that memory was enough (sufficiency) and, if not, what is missing (what the next plan searches).
+
+``answer`` comes first in the schema, so a streaming listener gets the answer's text from the first tokens on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from services.qa.tasks.common import PromptTask, content_words, grounded, is_no_info, memory_block, names_in
+
+
+class AnswerCheckInput(BaseModel):
+    question: str
+    parts: list[str] = Field(default_factory=list, description="the question's parts, when it has several")
+    memory: list[str]
+    as_of: datetime | None = None
+
+
+class AnswerCheckOutput(BaseModel):
+    answer: str
+    sufficient: bool
+    missing: str = ""
+
+
+class Verdict(BaseModel):
+    """``answer``: None when the memory gave none (or the model's words are not in it)."""
+
+    answer: str | None
+    sufficient: bool
+    missing: str = ""
+
+
+class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
+    name = "answer_check"
+    output_model = AnswerCheckOutput
+    max_tokens = 256
+    system = (
+        "Answer the question from the memory lines only, briefly: a phrase or one sentence. Prefer the most recent "
+        'line when they disagree, but a line that "conflicts with" another is disputed: give both. An OPINION or '
+        'PREDICTION line is what its holder thought: say whose and when ("Ben thought in March that ..."). Then '
+        "say if the memory was enough to answer every part of the question (sufficient); if not, name what is "
+        'still missing in a few words (missing). If the memory says nothing of it, answer "No answer". '
+        'Format: {"answer": "...", "sufficient": true, "missing": ""}.'
+    )
+    example_input = (
+        "Memory:\n- [2023-05-02] Joan Didion wrote Blue Nights\n- [2023-05-02] Joan Didion was born in Sacramento\n"
+        "Question: Where was the author of Blue Nights born?"
+    )
+    example_output = AnswerCheckOutput(
+        answer="Joan Didion, the author of Blue Nights, was born in Sacramento.", sufficient=True, missing=""
+    )
+
+    def render(self, inputs: AnswerCheckInput) -> str:
+        parts = "".join(f"\nPart: {p}" for p in inputs.parts) if len(inputs.parts) > 1 else ""
+        when = f"\nAnswer as of {inputs.as_of.date().isoformat()}." if inputs.as_of else ""
+        return f"Memory:\n{memory_block(inputs.memory)}\nQuestion: {inputs.question}{parts}{when}"
+
+    def postprocess(self, output: AnswerCheckOutput, inputs: AnswerCheckInput) -> Verdict:
+        answer: str | None = output.answer.strip()
+        missing = output.missing.strip()
+        # An answer with words the memory does not hold is the model's own knowledge: not an answer from memory.
+        if not answer or is_no_info(answer) or not grounded(answer, inputs.memory, inputs.question):
+            answer = None
+        # A small model says "sufficient" after finding out about one of two names: each must be in the memory.
+        shown = content_words(" ".join(inputs.memory))
+        sufficient = output.sufficient and answer is not None and names_in(inputs.question) <= shown
+        if not sufficient and not missing:
+            missing = "the answer" if answer is None else "the rest of the question"
+        return Verdict(answer=answer, sufficient=sufficient, missing="" if sufficient else missing)
