@@ -39,6 +39,7 @@ class _FastRun(SearchRoom):
         super().__init__(qa, query, config, recorder)
         self.parts: list[str] = []
         self.shown: list[Triplet] = []  # the memory the latest answer call read
+        self.stalled = False  # a round wrote no step to search (its call failed, or nothing new)
 
     async def execute(self, on_text: OnText | None) -> Answer:
         retriever = self.qa.retriever(self.config.retriever)  # fail fast, before any LLM call
@@ -59,6 +60,7 @@ class _FastRun(SearchRoom):
             rounds += 1
             steps = await self._plan(sq, verdict, rounds)
             if not steps:
+                self.stalled = True
                 break
             for step in steps:
                 await self._next_step(sq, step)
@@ -181,20 +183,20 @@ class _FastRun(SearchRoom):
             await self.recorder.mark(Stage.ENHANCE, StageStatus.SKIPPED, sub_question_id=sq.id)
 
     async def _stop(self, sq: SubQuestion, verdict: Verdict, rounds: int) -> None:
-        """Stage 12, and the events of the stages a sufficient first answer made unnecessary."""
+        """Stage 12, and the events of the planning stages when no round ran."""
+        if rounds == 0:
+            reason = "first answer sufficient" if verdict.sufficient else "no planning round allowed (max_rounds 0)"
+            for stage in (Stage.DECOMPOSE, Stage.PLAN, Stage.ENHANCE):
+                where = None if stage is Stage.DECOMPOSE else sq.id
+                async with self.recorder.stage(stage, sub_question_id=where) as scope:
+                    scope.status = StageStatus.SKIPPED
+                    scope.detail["reason"] = reason
         if verdict.sufficient:
-            reason = "first answer sufficient" if rounds == 0 else "sufficient"
-            if rounds == 0:
-                for stage in (Stage.DECOMPOSE, Stage.PLAN, Stage.ENHANCE):
-                    where = None if stage is Stage.DECOMPOSE else sq.id
-                    async with self.recorder.stage(stage, sub_question_id=where) as scope:
-                        scope.status = StageStatus.SKIPPED
-                        scope.detail["reason"] = reason
             await self.recorder.mark(Stage.NO_ANSWER, StageStatus.SKIPPED, sub_question_id=sq.id)
             return
         async with self.recorder.stage(Stage.NO_ANSWER, sub_question_id=sq.id) as scope:
             scope.detail |= {"rounds": rounds, "missing": verdict.missing, "steps_done": len(sq.done)}
-            scope.detail["reason"] = "round limit" if rounds >= self.config.max_rounds else "no new step"
+            scope.detail["reason"] = "no new step" if self.stalled else "round limit"
 
     async def _finish(self, sq: SubQuestion, best: Verdict) -> Answer:
         """Stage 13: the answer call answered the whole question; a partial answer stands when no round did better."""

@@ -1,0 +1,339 @@
+"""The fast engine (the default) end to end on the hand-built film graph of ``test_qa_pipeline``: real SQLite store,
+real MiniLM embedder, real retrievers, and a scripted LLM that reads the engine's two prompts literally.
+
+What it must keep: a first answer that suffices costs one call; an insufficient one runs a bounded planning round;
+every one of the 13 stages emits its event (a merged or skipped stage says so); the ablation switches change what
+the calls are asked; the answer's text streams from the one call that writes it."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.events import AnswerStatus, StageStatus
+from services.adapters.minilm import MiniLMEmbedder
+from services.adapters.sqlite import SqliteMemoryStore
+from services.container import build_engine
+from services.llm.scripted import Responder, ScriptedLLM
+from services.ports import LLM, LLMRequest, LLMResponse
+from services.qa.base import NO_ANSWER, QAConfig
+from services.qa.fast import FastQA
+from services.qa.planning import PlanningQA
+from services.qa.simple import SimpleQA
+from services.retrieval.base import Retriever
+from services.retrieval.registry import get_retriever
+from services.settings import Settings
+from tests.test_qa_pipeline import (
+    ASKS,
+    FILMS,
+    PAYMENT_PLAN,
+    PAYMENT_Q,
+    USER,
+    Events,
+    add_facts,
+    block,
+    last,
+    line,
+    query,
+)
+
+DIRECTED = re.compile(r"(?:^|; )(.+?) director ([^;]+)")
+#: the answer and plan tasks of the fast engine; any other task would be a call the design does not make
+FAST_TASKS = {"answer_check", "search_plan"}
+
+
+@pytest.fixture(scope="module")
+def embedder() -> MiniLMEmbedder:
+    return MiniLMEmbedder()
+
+
+@pytest.fixture
+async def films(tmp_path: Path, embedder: MiniLMEmbedder) -> AsyncIterator[SqliteMemoryStore]:
+    """The film graph of ``test_qa_pipeline``: two films, their directors, and where the directors are from."""
+    async with SqliteMemoryStore(tmp_path / "memory.sqlite3", embedder.dim) as store:
+        await add_facts(store, embedder, USER, FILMS, "films")
+        yield store
+
+
+def memory_lines(text: str) -> list[str]:
+    return [re.sub(r"^\[[\d-]+\] ", "", fact) for fact in block(text, "Memory")]
+
+
+def optional(text: str, label: str) -> str:
+    return next((row[len(label) + 2 :] for row in text.splitlines() if row.startswith(f"{label}: ")), "")
+
+
+class FastReader:
+    """Answers from the memory lines shown, and plans from what was found, like a very literal model."""
+
+    def __init__(self) -> None:
+        self.plans = 0
+
+    def responders(self) -> dict[str, Responder]:
+        return {"answer_check": self.answer_check, "search_plan": self.search_plan}
+
+    def answer_check(self, request: LLMRequest) -> dict[str, Any]:
+        text = last(request)
+        question, memory = line(text, "Question"), memory_lines(text)
+        if "same country" in question:
+            countries = [f.rsplit(" ", 1)[1] for f in memory if " country of citizenship " in f]
+            if len(countries) >= 2:
+                same = "Yes" if len(set(countries)) == 1 else "No"
+                return {"answer": f"{same}: {', '.join(countries)}.", "sufficient": True, "missing": ""}
+            directors = "; ".join(f for f in memory if " director " in f) or "No answer"
+            return {"answer": directors, "sufficient": False, "missing": "the countries of the directors"}
+        asked = question.casefold()
+        for relation in [rel for word, rel in ASKS.items() if word in asked][:1]:
+            for fact in memory:
+                if f" {relation} " in fact and fact.split(f" {relation} ")[0].casefold() in asked:
+                    return {"answer": fact, "sufficient": True, "missing": ""}
+        return {"answer": "No answer", "sufficient": False, "missing": "the fact asked"}
+
+    def search_plan(self, request: LLMRequest) -> dict[str, Any]:
+        self.plans += 1
+        text = last(request)
+        question, found = line(text, "Question"), optional(text, "Found")
+        directors = [person.strip() for _, person in DIRECTED.findall(found)]
+        if directors:
+            steps = [{"query": f"What country is {p} from?", "names": [p]} for p in directors]
+        elif question == PAYMENT_Q:
+            steps = [{"query": s, "names": [s.split("film ")[-1].rstrip("?")]} for s in PAYMENT_PLAN]
+        else:
+            steps = [{"query": question, "names": []}]
+        parts = [question] if "Do not split" in text else [question, *(["And the countries?"] if directors else [])]
+        return {"sub_questions": parts, "steps": steps}
+
+
+def make_fast(store: SqliteMemoryStore, embedder: MiniLMEmbedder, llm: LLM, **config: Any) -> FastQA:
+    def retrievers(name: str) -> Retriever:
+        if name == "beamsearch":
+            return get_retriever(name, store, store, embedder, depth=1)
+        return get_retriever(name, store, store, embedder)
+
+    # one hop from the matched seeds: the first retrieval reaches the directors, never their countries
+    walk: dict[str, Any] = {"retriever": "beamsearch", "episodic_context": False, "matches_per_entity": 1}
+    return FastQA(store, store, embedder, llm, retrievers, QAConfig(**(walk | config)))
+
+
+def calls_by_task(llm: ScriptedLLM) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for request in llm.calls:
+        counts[request.task] = counts.get(request.task, 0) + 1
+    return counts
+
+
+def assert_every_stage_reported(events: Events) -> None:
+    assert events.stages() == set(range(1, 14))
+    assert events.items[-1].stage == 13
+    assert all(e.duration_ms >= 0 for e in events.items)
+
+
+async def test_a_sufficient_first_answer_is_one_call(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
+    llm = ScriptedLLM(FastReader().responders())
+    events = Events()
+    question = "Who is the director of the film Payment On Demand?"
+    answer = await make_fast(films, embedder, llm).answer(query(question), events)
+    assert answer.status is AnswerStatus.ANSWERED
+    assert answer.answer == "Payment On Demand director Curtis Bernhardt"
+    assert answer.llm_calls == 1 and calls_by_task(llm) == {"answer_check": 1}
+    assert any("Curtis Bernhardt" in e.text for e in answer.evidence)
+    assert_every_stage_reported(events)
+    # what did not run says why, and what ran inside another stage's call says where
+    for stage in (1, 2, 10):
+        (event,) = events.of(stage)
+        assert event.status is StageStatus.SKIPPED and event.detail["reason"] == "first answer sufficient"
+    assert events.of(12)[0].status is StageStatus.SKIPPED
+    assert events.of(3)[0].detail["named_by"] == "question" and events.of(3)[0].llm_calls == 0
+    (read,) = events.of(8)
+    assert read.llm_calls == 1 and read.detail["merged"] == ["sufficiency", "combine"]
+    assert events.of(9)[0].detail == {"merged_into": "summarise", "sufficient": True, "missing": ""}
+    assert events.of(13)[0].detail["merged_into"] == "summarise" and events.of(13)[0].llm_calls == 0
+    # one retrieval: the question itself, seeded by every match
+    assert len(events.of(6)) == 1 and events.of(6)[0].vertices >= 1
+    assert events.of(5)[0].detail["clue_queries"] == [question]
+
+
+async def test_an_insufficient_first_answer_runs_one_planning_round(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    llm = ScriptedLLM(FastReader().responders())
+    events = Events()
+    answer = await make_fast(films, embedder, llm).answer(query(PAYMENT_Q), events)
+    assert answer.status is AnswerStatus.ANSWERED
+    assert answer.answer == "Yes: Germany, Germany."
+    assert answer.llm_calls == 3 and calls_by_task(llm) == {"answer_check": 2, "search_plan": 1}
+    assert_every_stage_reported(events)
+    # the plan was written with what the first answer found: the directors' names, not descriptions
+    assert answer.plan[0].text == PAYMENT_Q
+    assert sorted(s.text for s in answer.plan[1:]) == [
+        "What country is Carl Boese from?",
+        "What country is Curtis Bernhardt from?",
+    ]
+    assert len(answer.plan_history) == 2 and answer.plan[1].revision == 1
+    (plan,) = events.of(2)
+    assert plan.llm_calls == 1 and plan.detail["merged"] == ["decompose", "ner", "enhance"]
+    assert events.of(1)[0].detail["merged_into"] == "plan" and events.of(10)[0].detail["merged_into"] == "plan"
+    assert events.of(1)[0].detail["sub_questions"] == [PAYMENT_Q, "And the countries?"]
+    # the planned steps' entities came with them: no NER call, and their clue-queries need none either
+    planned = [e for e in events.of(3) if e.detail["named_by"] == "plan"]
+    assert len(planned) == 2 and all(e.llm_calls == 0 for e in planned)
+    assert sum(e.llm_calls for e in events.of(5)) == 0
+    assert [e.detail["sufficient"] for e in events.of(9)] == [False, True]
+    second = llm.calls_for("answer_check")[1]
+    assert "Part: And the countries?" in last(second)  # the decomposition reaches the answer call
+    assert "Curtis Bernhardt country of citizenship Germany" in last(second)
+    assert events.of(12)[0].status is StageStatus.SKIPPED
+
+
+async def test_no_enhancement_plans_without_what_was_found(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
+    results = {}
+    for enhance in (True, False):
+        llm = ScriptedLLM(FastReader().responders())
+        events = Events()
+        answer = await make_fast(films, embedder, llm).answer(query(PAYMENT_Q, plan_enhancement=enhance), events)
+        results[enhance] = (answer, events, llm)
+    on, _, on_llm = results[True]
+    off, off_events, off_llm = results[False]
+    assert "Found:" in last(on_llm.calls_for("search_plan")[0])
+    assert "Found:" not in last(off_llm.calls_for("search_plan")[0])
+    assert on.answer == "Yes: Germany, Germany."
+    # planned from the question alone, one hop from the films never reaches the countries: the first answer's
+    # partial reading stands, and the round limit is why
+    assert "Germany" not in off.answer and off.status is AnswerStatus.ANSWERED
+    assert [s.text for s in off.plan][1:] == PAYMENT_PLAN
+    assert off_events.of(10)[0].status is StageStatus.SKIPPED
+    assert off_events.of(12)[0].detail["reason"] == "round limit"
+    assert off_events.of(13)[0].detail["sufficient"] is False
+    assert off.llm_calls == 3
+
+
+async def test_no_decomposition_keeps_the_question_whole(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
+    llm = ScriptedLLM(FastReader().responders())
+    events = Events()
+    answer = await make_fast(films, embedder, llm).answer(query(PAYMENT_Q, decomposition=False), events)
+    assert answer.answer == "Yes: Germany, Germany."
+    assert "Do not split" in last(llm.calls_for("search_plan")[0])
+    assert "Part:" not in last(llm.calls_for("answer_check")[1])
+    assert [e.status for e in events.of(1)] == [StageStatus.SKIPPED]
+
+
+async def test_step_and_clue_limits_reach_the_round(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
+    llm = ScriptedLLM(FastReader().responders())
+    events = Events()
+    options = {"plan_enhancement": False, "max_steps": 2, "max_clue_queries": 1}
+    answer = await make_fast(films, embedder, llm, matches_per_entity=3).answer(query(PAYMENT_Q, **options), events)
+    assert [s.text for s in answer.plan][1:] == PAYMENT_PLAN[:2]
+    assert "At most 2 steps." in last(llm.calls_for("search_plan")[0])
+    planned = {s.id for s in answer.plan[1:]}
+    assert all(len(e.detail["clue_queries"]) == 1 for e in events.of(5) if e.step_id in planned)
+
+
+def never_enough(step: Callable[[], str]) -> dict[str, Responder]:
+    return {
+        "answer_check": lambda r: {"answer": "No answer", "sufficient": False, "missing": "everything"},
+        "search_plan": lambda r: {"sub_questions": [line(last(r), "Question")], "steps": [{"query": step()}]},
+    }
+
+
+@pytest.mark.parametrize(("rounds", "calls"), [(0, 1), (1, 3), (2, 5)])
+async def test_rounds_bound_the_calls_when_evidence_stays_missing(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder, rounds: int, calls: int
+) -> None:
+    counter = itertools.count(1)
+    llm = ScriptedLLM(never_enough(lambda: f"Who is person number {next(counter)}?"))
+    events = Events()
+    qa = make_fast(films, embedder, llm, max_rounds=rounds)
+    answer = await qa.answer(query("Who is the mayor of Payment On Demand?"), events)
+    assert answer.status is AnswerStatus.NO_ANSWER and answer.answer == NO_ANSWER
+    assert answer.llm_calls == calls == len(llm.calls)
+    assert answer.evidence == []
+    assert_every_stage_reported(events)
+    assert events.of(12)[0].detail["reason"] == "round limit"
+    if rounds > 1:  # a later round is told what the earlier ones searched
+        assert "Already searched: Who is person number 1?" in last(llm.calls_for("search_plan")[1])
+
+
+async def test_a_failed_answer_call_ends_with_error_and_a_failed_plan_with_the_first_answer(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    responders = FastReader().responders()
+    responders["search_plan"] = lambda r: "not json"
+    llm = ScriptedLLM(responders)
+    events = Events()
+    answer = await make_fast(films, embedder, llm, task_attempts=2).answer(query(PAYMENT_Q), events)
+    assert answer.status is AnswerStatus.ANSWERED and "Curtis Bernhardt" in answer.answer  # the partial first answer
+    assert events.of(2)[0].status is StageStatus.ERROR and events.of(2)[0].llm_calls == 2
+    assert answer.llm_calls == 3  # the answer call, and the plan call's two bounded tries
+    assert events.of(12)[0].detail["reason"] == "no new step"
+
+    llm = ScriptedLLM({"answer_check": lambda r: '{"sufficient": true}', "search_plan": responders["search_plan"]})
+    answer = await make_fast(films, embedder, llm, task_attempts=1, max_rounds=0).answer(query(PAYMENT_Q))
+    assert answer.status is AnswerStatus.ERROR and answer.error and "answer_check" in answer.error
+
+
+class StreamingLLM(ScriptedLLM):
+    """Tells ``on_text`` the reply so far every few characters, as a decoding model does."""
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        response = await super().complete(request)
+        if request.on_text is not None:
+            for end in range(1, len(response.text) + 1, 7):
+                request.on_text(response.text[:end])
+            request.on_text(response.text)
+        return response
+
+
+async def test_the_answer_streams_and_a_replacing_answer_streams_again(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    shown: list[str] = []
+    llm = StreamingLLM(FastReader().responders())
+    answer = await make_fast(films, embedder, llm).answer(query(PAYMENT_Q), on_text=shown.append)
+    first = max((t for t in shown if "director" in t), key=len)  # the first answer, whole: the directors
+    assert "Curtis Bernhardt" in first and "Carl Boese" in first
+    assert shown[-1] == answer.answer == "Yes: Germany, Germany."
+    switch = shown.index(first)
+    assert all(first.startswith(text) for text in shown[: switch + 1])
+    assert all(answer.answer.startswith(text) for text in shown[switch + 1 :])
+    assert len(shown[switch + 1 :]) > 2  # the second answer came in pieces, not whole at the end
+    assert len(set(shown)) == len(shown)  # each text once
+
+
+async def test_a_model_that_does_not_stream_still_shows_the_answer_once(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    shown: list[str] = []
+    llm = ScriptedLLM(FastReader().responders())
+    question = "Who is the director of the film Payment On Demand?"
+    answer = await make_fast(films, embedder, llm).answer(query(question), on_text=shown.append)
+    assert shown == [answer.answer]
+
+
+async def test_planning_engine_streams_its_combine_call(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
+    from tests.test_qa_pipeline import film_reader, make_qa
+
+    shown: list[str] = []
+    responders = film_reader().responders()
+    subs = ["Who is the director of the film Payment On Demand?", "What country is Carl Boese from?"]
+    responders["decompose"] = lambda r: {"sub_questions": subs}
+    llm = StreamingLLM(responders)
+    answer = await make_qa(films, embedder, llm).answer(query(" and ".join(subs)), on_text=shown.append)
+    assert answer.status is AnswerStatus.ANSWERED and len(shown) > 2
+    assert shown[-1] == answer.answer and all(answer.answer.startswith(t) for t in shown)
+
+
+def test_the_engine_setting_picks_the_engine(tmp_path: Path, embedder: MiniLMEmbedder) -> None:
+    assert Settings.model_fields["qa_engine"].default == "fast"
+    kinds = {"fast": FastQA, "planning": PlanningQA, "simple": SimpleQA}
+    memory = SqliteMemoryStore(tmp_path / "m.sqlite3", embedder.dim)
+    for name, kind in kinds.items():
+        settings = Settings(_env_file=None, qa_engine=name, qa_max_rounds=2)  # type: ignore[call-arg]
+        engine = build_engine(settings, memory.stores(), embedder, ScriptedLLM())
+        assert type(engine) is kind
+        if isinstance(engine, FastQA):
+            assert engine.config.max_rounds == 2

@@ -1,0 +1,138 @@
+"""The fast engine's two merged tasks (``answer_check``: answer + sufficiency; ``search_plan``: decomposition +
+plan + NER + enhancement) and the streaming reader of a JSON answer being written (``answer_text_so_far``)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from services.llm.task import TaskOutputError
+from services.qa.streaming import answer_text_so_far, streamed
+from services.qa.tasks import AnswerCheckInput, AnswerCheckTask, SearchPlanInput, SearchPlanTask, Verdict
+from services.qa.tasks.common import GROUNDING
+
+MEMORY = ["[2023-05-02] Joan Didion wrote Blue Nights", "[2023-05-02] Joan Didion was born in Sacramento"]
+
+
+@pytest.mark.parametrize(
+    ("task", "inputs"),
+    [
+        (AnswerCheckTask(), AnswerCheckInput(question="q?", memory=[])),
+        (SearchPlanTask(), SearchPlanInput(question="q?")),
+    ],
+)
+def test_prompt_layout_and_schema(task: AnswerCheckTask | SearchPlanTask, inputs: object) -> None:
+    messages = task.messages(inputs)
+    assert [m.role for m in messages] == ["system", "user", "assistant", "user"]
+    assert GROUNDING in messages[0].content and len(messages[0].content) < 700
+    task.output_model.model_validate_json(messages[2].content)  # the worked example is valid output
+
+
+def test_the_answer_is_the_first_field_so_it_streams_first() -> None:
+    assert next(iter(AnswerCheckTask().json_schema()["properties"])) == "answer"
+
+
+def check(raw: dict[str, object], question: str = "Where was the author of Blue Nights born?") -> Verdict:
+    return AnswerCheckTask().parse(json.dumps(raw), AnswerCheckInput(question=question, memory=MEMORY))
+
+
+def test_answer_check_keeps_a_grounded_sufficient_answer() -> None:
+    verdict = check({"answer": "Joan Didion was born in Sacramento.", "sufficient": True})
+    assert verdict == Verdict(answer="Joan Didion was born in Sacramento.", sufficient=True, missing="")
+
+
+def test_answer_check_drops_what_the_memory_does_not_say_and_asks_for_more() -> None:
+    # the model's own knowledge: no answer from memory, and so not sufficient, whatever it said
+    verdict = check({"answer": "She was born in California, United States.", "sufficient": True, "missing": ""})
+    assert verdict == Verdict(answer=None, sufficient=False, missing="the answer")
+    nothing = check({"answer": "No answer", "sufficient": False, "missing": "where she was born"})
+    assert nothing == Verdict(answer=None, sufficient=False, missing="where she was born")
+
+
+def test_answer_check_is_not_sufficient_while_a_name_asked_about_is_not_in_memory() -> None:
+    verdict = check(
+        {"answer": "Joan Didion was born in Sacramento.", "sufficient": True},
+        question="Were Joan Didion and Frank Herbert born in Sacramento?",
+    )
+    assert verdict.answer == "Joan Didion was born in Sacramento." and not verdict.sufficient
+    assert verdict.missing == "the rest of the question"
+
+
+def test_answer_check_shows_the_parts_and_the_time() -> None:
+    from datetime import UTC, datetime
+
+    inputs = AnswerCheckInput(question="Q?", parts=["A?", "B?"], memory=MEMORY, as_of=datetime(2024, 1, 2, tzinfo=UTC))
+    prompt = AnswerCheckTask().messages(inputs)[-1].content
+    assert "Part: A?\nPart: B?" in prompt and "as of 2024-01-02" in prompt and f"- {MEMORY[0]}" in prompt
+    one_part = AnswerCheckTask().messages(inputs.model_copy(update={"parts": ["Q?"]}))[-1].content
+    assert "Part:" not in one_part
+
+
+def plan(raw: dict[str, object], **inputs: object) -> object:
+    question = "Were the authors of Blue Nights and Dune born in the same country?"
+    return SearchPlanTask().parse(json.dumps(raw), SearchPlanInput(question=question, **inputs))  # type: ignore[arg-type]
+
+
+def test_search_plan_steps_carry_only_names_they_contain_and_skip_done_steps() -> None:
+    raw = {
+        "sub_questions": ["Where was the author of Blue Nights born?", "Where was the author of Dune born?"],
+        "steps": [
+            {"query": "Who is the author of Dune?", "names": ["Dune", "Frank Herbert", "author"]},
+            {"query": "Where was Joan Didion born?", "names": ["Joan Didion"]},
+            {"query": "1. Where was the author of Dune born?"},
+        ],
+    }
+    result = plan(raw, done=["Where was Joan Didion born?"], max_steps=5)
+    steps = [(s.query, s.names) for s in result.steps]  # type: ignore[attr-defined]
+    assert steps == [("Who is the author of Dune?", ["Dune"]), ("Where was the author of Dune born?", [])]
+    assert result.sub_questions == raw["sub_questions"]  # type: ignore[attr-defined]
+
+
+def test_search_plan_keeps_the_question_whole_unless_split_and_asked_to() -> None:
+    question = "Were the authors of Blue Nights and Dune born in the same country?"
+    split = {"sub_questions": ["Where was the author of Blue Nights born?", "Dune?"], "steps": [{"query": "s?"}]}
+    assert plan(split, decompose=False).sub_questions == [question]  # type: ignore[attr-defined]
+    lost = {"sub_questions": ["Who wrote a book?", "What is a country?"], "steps": [{"query": "s?"}]}
+    assert plan(lost).sub_questions == [question]  # type: ignore[attr-defined]
+    prompt = SearchPlanTask().messages(SearchPlanInput(question=question, decompose=False))[-1].content
+    assert "Do not split" in prompt and "Found:" not in prompt
+
+
+def test_search_plan_without_a_new_step_is_refused_and_capped_at_the_limit() -> None:
+    with pytest.raises(TaskOutputError, match="new search step"):
+        plan({"sub_questions": [], "steps": [{"query": "Done?"}]}, done=["Done?"])
+    many = {"sub_questions": [], "steps": [{"query": f"Step {i}?"} for i in range(6)]}
+    assert [s.query for s in plan(many, max_steps=2).steps] == ["Step 0?", "Step 1?"]  # type: ignore[attr-defined]
+
+
+# -- the answer text while the JSON is written -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ['Caf\u00e9 "Le Mans" \U0001f600 ok\n', "a\\b\\\\c", "ends with a backslash \\", "\\u00e9 written out", ""],
+)
+def test_the_text_so_far_only_grows_and_ends_as_the_answer(answer: str) -> None:
+    for ascii_only in (True, False):
+        full = json.dumps({"answer": answer, "sufficient": True}, ensure_ascii=ascii_only)
+        shown = [answer_text_so_far(full[:end]) for end in range(len(full) + 1)]
+        assert shown[-1] == answer
+        assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(shown))
+
+
+def test_the_text_so_far_of_other_outputs() -> None:
+    assert answer_text_so_far("") == "" and answer_text_so_far('{"answ') == ""
+    assert answer_text_so_far('{"found": true, "answer": "Jane R') == "Jane R"  # not the first field: still read
+    assert answer_text_so_far('```json\n{"answer" : "x') == "x"
+    assert answer_text_so_far('{"answer": 42}') == ""
+
+
+def test_streamed_tells_each_new_text_once_and_a_restart() -> None:
+    shown: list[str] = []
+    listen = streamed(shown.append)
+    assert listen is not None and streamed(None) is None
+    for partial in ('{"ans', '{"answer": "', '{"answer": "Ja', '{"answer": "Ja', '{"answer": "Jane"}', ""):
+        listen(partial)
+    assert shown == ["Ja", "Jane", ""]
