@@ -19,7 +19,7 @@ from schemas.events import AnswerStatus, StageStatus
 from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.container import build_engine
-from services.llm.scripted import Responder, ScriptedLLM
+from services.llm.scripted import Responder, ScriptedLLM, rule_based_llm
 from services.ports import LLM, LLMRequest, LLMResponse
 from services.qa.base import NO_ANSWER, QAConfig
 from services.qa.fast import FastQA
@@ -337,3 +337,16 @@ def test_the_engine_setting_picks_the_engine(tmp_path: Path, embedder: MiniLMEmb
         assert type(engine) is kind
         if isinstance(engine, FastQA):
             assert engine.config.max_rounds == 2
+
+
+async def test_the_rule_based_scripted_llm_answers_the_default_engine(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    """Demos and workers run with ``MEMSTREAM_SCRIPTED_LLM=services.llm.scripted:rule_based_llm``: it answers the
+    default engine's two tasks too."""
+    llm = rule_based_llm()
+    found = await make_fast(films, embedder, llm).answer(query("Who is the director of the film Payment On Demand?"))
+    assert found.status is AnswerStatus.ANSWERED and found.llm_calls == 1
+    assert found.answer == "Payment On Demand director Curtis Bernhardt"
+    missing = await make_fast(films, embedder, llm).answer(query("Who is the mayor of Gotham?"))
+    assert missing.status is AnswerStatus.NO_ANSWER and missing.llm_calls == 3

@@ -167,20 +167,39 @@ MEMORIZE_RULES = {
 }
 
 
-def rule_answer(request: LLMRequest) -> dict[str, Any]:
-    """Stand-in for the ``answer`` task: the memory line sharing most words with the question."""
-    content = _last_user(request, "QUESTION:")
-    memory, _, question = content.partition("QUESTION:")
+def _best_line(memory: str, question: str) -> str | None:
+    """The memory line (``- ...``) sharing most words of four letters or more with the question."""
     words = {w.lower() for w in _WORD.findall(question) if len(w) > 3}
-    best, score = "", 0
+    best, score = None, 0
     for line in memory.splitlines():
         if not line.startswith("- "):
             continue
         overlap = len(words & {w.lower() for w in _WORD.findall(line)})
         if overlap > score:
             best, score = line[2:], overlap
-    return {"answer": best or "No answer", "found": score > 0}
+    return best
+
+
+def rule_answer(request: LLMRequest) -> dict[str, Any]:
+    """Stand-in for the simple QA's ``answer`` task: the memory line sharing most words with the question."""
+    memory, _, question = _last_user(request, "QUESTION:").partition("QUESTION:")
+    best = _best_line(memory, question)
+    return {"answer": best or "No answer", "found": best is not None}
+
+
+def rule_answer_check(request: LLMRequest) -> dict[str, Any]:
+    """Stand-in for the fast QA's ``answer_check`` task: the same line, sufficient when there is one."""
+    memory, _, question = _last_user(request, "\nQuestion: ").partition("\nQuestion: ")
+    best = _best_line(memory, question.split("\n", 1)[0])
+    return {"answer": best or "No answer", "sufficient": best is not None, "missing": "" if best else "the answer"}
+
+
+def rule_search_plan(request: LLMRequest) -> dict[str, Any]:
+    """Stand-in for the fast QA's ``search_plan`` task: the question itself, searched once more."""
+    question = _last_user(request, "Question: ").split("Question: ", 1)[1].split("\n", 1)[0]
+    return {"sub_questions": [question], "steps": [{"query": question, "names": []}]}
 
 
 def rule_based_llm(delay_s: float = 0.0) -> ScriptedLLM:
-    return ScriptedLLM({**MEMORIZE_RULES, "answer": rule_answer}, model="scripted-rules", delay_s=delay_s)
+    answers = {"answer": rule_answer, "answer_check": rule_answer_check, "search_plan": rule_search_plan}
+    return ScriptedLLM({**MEMORIZE_RULES, **answers}, model="scripted-rules", delay_s=delay_s)
