@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import itertools
 import json
+from typing import Any
 
 import pytest
 
 from services.llm.task import TaskOutputError
 from services.qa.streaming import answer_text_so_far, streamed
-from services.qa.tasks import AnswerCheckInput, AnswerCheckTask, SearchPlanInput, SearchPlanTask, Verdict
+from services.qa.tasks import (
+    AnswerCheckInput,
+    AnswerCheckTask,
+    SearchPlan,
+    SearchPlanInput,
+    SearchPlanTask,
+    Verdict,
+)
 from services.qa.tasks.common import GROUNDING
 
 MEMORY = ["[2023-05-02] Joan Didion wrote Blue Nights", "[2023-05-02] Joan Didion was born in Sacramento"]
@@ -34,7 +42,7 @@ def test_the_answer_is_the_first_field_so_it_streams_first() -> None:
     assert next(iter(AnswerCheckTask().json_schema()["properties"])) == "answer"
 
 
-def check(raw: dict[str, object], question: str = "Where was the author of Blue Nights born?") -> Verdict:
+def check(raw: dict[str, Any], question: str = "Where was the author of Blue Nights born?") -> Verdict:
     return AnswerCheckTask().parse(json.dumps(raw), AnswerCheckInput(question=question, memory=MEMORY))
 
 
@@ -70,9 +78,9 @@ def test_answer_check_shows_the_parts_and_the_time() -> None:
     assert "Part:" not in one_part
 
 
-def plan(raw: dict[str, object], **inputs: object) -> object:
+def plan(raw: dict[str, Any], **inputs: Any) -> SearchPlan:
     question = "Were the authors of Blue Nights and Dune born in the same country?"
-    return SearchPlanTask().parse(json.dumps(raw), SearchPlanInput(question=question, **inputs))  # type: ignore[arg-type]
+    return SearchPlanTask().parse(json.dumps(raw), SearchPlanInput(question=question, **inputs))
 
 
 def test_search_plan_steps_carry_only_names_they_contain_and_skip_done_steps() -> None:
@@ -85,17 +93,17 @@ def test_search_plan_steps_carry_only_names_they_contain_and_skip_done_steps() -
         ],
     }
     result = plan(raw, done=["Where was Joan Didion born?"], max_steps=5)
-    steps = [(s.query, s.names) for s in result.steps]  # type: ignore[attr-defined]
+    steps = [(s.query, s.names) for s in result.steps]
     assert steps == [("Who is the author of Dune?", ["Dune"]), ("Where was the author of Dune born?", [])]
-    assert result.sub_questions == raw["sub_questions"]  # type: ignore[attr-defined]
+    assert result.sub_questions == raw["sub_questions"]
 
 
 def test_search_plan_keeps_the_question_whole_unless_split_and_asked_to() -> None:
     question = "Were the authors of Blue Nights and Dune born in the same country?"
     split = {"sub_questions": ["Where was the author of Blue Nights born?", "Dune?"], "steps": [{"query": "s?"}]}
-    assert plan(split, decompose=False).sub_questions == [question]  # type: ignore[attr-defined]
+    assert plan(split, decompose=False).sub_questions == [question]
     lost = {"sub_questions": ["Who wrote a book?", "What is a country?"], "steps": [{"query": "s?"}]}
-    assert plan(lost).sub_questions == [question]  # type: ignore[attr-defined]
+    assert plan(lost).sub_questions == [question]
     prompt = SearchPlanTask().messages(SearchPlanInput(question=question, decompose=False))[-1].content
     assert "Do not split" in prompt and "Found:" not in prompt
 
@@ -104,7 +112,7 @@ def test_search_plan_without_a_new_step_is_refused_and_capped_at_the_limit() -> 
     with pytest.raises(TaskOutputError, match="new search step"):
         plan({"sub_questions": [], "steps": [{"query": "Done?"}]}, done=["Done?"])
     many = {"sub_questions": [], "steps": [{"query": f"Step {i}?"} for i in range(6)]}
-    assert [s.query for s in plan(many, max_steps=2).steps] == ["Step 0?", "Step 1?"]  # type: ignore[attr-defined]
+    assert [s.query for s in plan(many, max_steps=2).steps] == ["Step 0?", "Step 1?"]
 
 
 # -- the answer text while the JSON is written -----------------------------------------------------------------
