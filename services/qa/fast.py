@@ -52,25 +52,37 @@ class _FastRun(SearchRoom):
         found = await self._first_search(sq, first, retriever)
         sq.done.append(first)
         self.plan_history.append(sq.plan)
-        verdict = await self._answer_call(sq, [found], on_text, first)
+        verdict = best = await self._answer_call(sq, found, on_text, first)
         first.answer = verdict.answer
-        best = verdict
         rounds = 0
         while not verdict.sufficient and rounds < self.config.max_rounds:
             rounds += 1
-            steps = await self._plan(sq, verdict, rounds)
-            if not steps:
+            later = await self._round(sq, verdict, rounds, retriever, on_text)
+            if later is None:
                 self.stalled = True
                 break
-            for step in steps:
-                await self._next_step(sq, step)
-            clue_lists = await self._search_steps(sq, steps, retriever)
-            sq.done += steps
-            groups = [self.shown, *([t for c in clue_lists[s.id] for t in c.triplets] for s in steps)]
-            verdict = await self._answer_call(sq, groups, on_text, steps[-1])
+            verdict = later
             best = verdict if verdict.answer is not None or best.answer is None else best
         await self._stop(sq, verdict, rounds)
         return await self._finish(sq, best)
+
+    async def _round(
+        self, sq: SubQuestion, verdict: Verdict, round_: int, retriever: Retriever, on_text: OnText | None
+    ) -> Verdict | None:
+        """Plan (one call), search every step (no call), answer again (one call); None: no step to search."""
+        steps = await self._plan(sq, verdict, round_)
+        if not steps:
+            return None
+        for step in steps:
+            await self._next_step(sq, step)
+        clue_lists = await self._search_steps(sq, steps, retriever)
+        sq.done += steps
+        found = _interleave([[t for c in clue_lists[s.id] for t in c.triplets] for s in steps])
+        # what the last answer read first, as it read it: the model's cache of that prompt's start is reused
+        kept = self.shown[: self.config.filter_top_k]
+        seen = {t.id for t in kept}
+        memory = kept + [t for t in found if t.id not in seen][: self.config.filter_top_k]
+        return await self._answer_call(sq, memory, on_text, steps[-1])
 
     async def _search_steps(self, sq: SubQuestion, steps: list[Step], retriever: Retriever) -> dict[str, list[Clue]]:
         """Stages 3-7 of every step at once: no call among them (entities from the plan, clue-queries substituted)."""
@@ -100,11 +112,8 @@ class _FastRun(SearchRoom):
         await self.traverse(sq, step, clue, retriever)
         return clue.triplets
 
-    async def _answer_call(
-        self, sq: SubQuestion, groups: list[list[Triplet]], on_text: OnText | None, step: Step
-    ) -> Verdict:
+    async def _answer_call(self, sq: SubQuestion, memory: list[Triplet], on_text: OnText | None, step: Step) -> Verdict:
         """Stage 8 (the answer call, streamed) with the verdict it carries as stage 9."""
-        memory = _interleave(groups, 2 * self.config.filter_top_k)
         self.shown = memory
         ctx = {"sub_question_id": sq.id, "step_id": step.id}
         async with self.recorder.stage(Stage.SUMMARISE, **ctx) as scope:
@@ -213,11 +222,11 @@ class _FastRun(SearchRoom):
             return self.answer_of(NO_ANSWER, AnswerStatus.NO_ANSWER)
 
 
-def _interleave(groups: list[list[Triplet]], limit: int) -> list[Triplet]:
-    """One triplet of each group in turn (each step's best first), unique by id, at most ``limit``."""
+def _interleave(groups: list[list[Triplet]]) -> list[Triplet]:
+    """One triplet of each group in turn (each step's best first), unique by id."""
     out: dict[str, Triplet] = {}
     for rank in range(max((len(g) for g in groups), default=0)):
         for group in groups:
             if rank < len(group) and group[rank].id not in out:
                 out[group[rank].id] = group[rank]
-    return list(out.values())[:limit]
+    return list(out.values())
