@@ -104,7 +104,7 @@ class SearchRoom(RunBase):
         per_entity = self.config.matches_per_entity
         async with self.recorder.stage(Stage.MATCH, sub_question_id=sq.id, step_id=step.id) as scope:
             matches = await self.qa.matcher.match(self.user_id, entities, per_entity)
-            if fallback and not any(matches.values()):
+            if fallback and fallback not in entities and not any(matches.values()):
                 matches = await self.qa.matcher.match(self.user_id, [fallback], per_entity)
                 scope.detail["matched_instead"] = fallback
             vertices = {m.vertex.id: m.vertex.name for ms in matches.values() for m in ms}
