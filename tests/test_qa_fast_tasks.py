@@ -59,6 +59,13 @@ def test_answer_check_drops_what_the_memory_does_not_say_and_asks_for_more() -> 
     assert nothing == Verdict(answer=None, sufficient=False, missing="where she was born")
 
 
+def test_answer_check_takes_a_date_read_off_a_line_s_stamp() -> None:
+    question = "When did Joan Didion write Blue Nights?"
+    assert check({"answer": "On 2 May 2023.", "sufficient": True}, question=question).answer == "On 2 May 2023."
+    assert check({"answer": "May 2, 2023", "sufficient": True}, question=question).sufficient
+    assert check({"answer": "In June 1987 in Paris.", "sufficient": True}, question=question).answer is None
+
+
 def test_answer_check_is_not_sufficient_while_a_name_asked_about_is_not_in_memory() -> None:
     verdict = check(
         {"answer": "Joan Didion was born in Sacramento.", "sufficient": True},

@@ -6,11 +6,27 @@ the verdict whether that memory was enough (sufficiency) and, if not, what is mi
 
 from __future__ import annotations
 
+import calendar
+import re
+from collections.abc import Sequence
 from datetime import datetime
 
 from pydantic import BaseModel, Field
 
 from services.qa.tasks.common import PromptTask, content_words, grounded, is_no_info, memory_block, names_in
+
+_ISO_DATE = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
+
+
+def spelled_dates(lines: Sequence[str]) -> list[str]:
+    """The dates of ``lines`` as an answer writes them ("2023-05-08" -> "8 May 2023"): a date read off a line's
+    stamp is in the memory, though not in its words."""
+    return [
+        f"{int(day)} {calendar.month_name[int(month)]} {year}"
+        for line in lines
+        for year, month, day in _ISO_DATE.findall(line)
+        if 1 <= int(month) <= 12
+    ]
 
 
 class AnswerCheckInput(BaseModel):
@@ -63,7 +79,8 @@ class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
         answer: str | None = output.answer.strip()
         missing = output.missing.strip()
         # An answer with words the memory does not hold is the model's own knowledge: not an answer from memory.
-        if not answer or is_no_info(answer) or not grounded(answer, inputs.memory, inputs.question):
+        sources = [*inputs.memory, *spelled_dates(inputs.memory)]
+        if not answer or is_no_info(answer) or not grounded(answer, sources, inputs.question):
             answer = None
         # A small model says "sufficient" after finding out about one of two names: each must be in the memory.
         shown = content_words(" ".join(inputs.memory))
