@@ -147,7 +147,7 @@ async def test_a_sufficient_first_answer_is_one_call(films: SqliteMemoryStore, e
     for stage in (1, 2, 10):
         (event,) = events.of(stage)
         assert event.status is StageStatus.SKIPPED and event.detail["reason"] == "first answer sufficient"
-    assert events.of(12)[0].status is StageStatus.SKIPPED
+    assert events.of(12)[0].status is StageStatus.SKIPPED and events.of(12)[0].detail["reason"] == "sufficient"
     assert events.of(3)[0].detail["named_by"] == "question" and events.of(3)[0].llm_calls == 0
     (read,) = events.of(8)
     assert read.llm_calls == 1 and read.detail["merged"] == ["sufficiency", "combine"]

@@ -201,7 +201,9 @@ class _FastRun(SearchRoom):
                     scope.status = StageStatus.SKIPPED
                     scope.detail["reason"] = reason
         if verdict.sufficient:
-            await self.recorder.mark(Stage.NO_ANSWER, StageStatus.SKIPPED, sub_question_id=sq.id)
+            async with self.recorder.stage(Stage.NO_ANSWER, sub_question_id=sq.id) as scope:
+                scope.status = StageStatus.SKIPPED
+                scope.detail["reason"] = "sufficient"
             return
         async with self.recorder.stage(Stage.NO_ANSWER, sub_question_id=sq.id) as scope:
             scope.detail |= {"rounds": rounds, "missing": verdict.missing, "steps_done": len(sq.done)}
