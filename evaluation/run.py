@@ -108,7 +108,8 @@ def _settings(config: EvalConfig) -> Settings:
         overrides["qa_engine"] = config.engine
     settings = Settings(**overrides)
     if settings.llm == "scripted" and not settings.scripted_llm and not config.engine:
-        # the rule-based stand-ins answer memorize's tasks and the simple QA's, not the planning pipeline's
+        # a scripted run answers with the simple QA unless an engine is named (the rule-based stand-ins also answer
+        # the fast engine's tasks, never the planning pipeline's)
         settings = settings.model_copy(update={"qa_engine": "simple"})
     return settings
 

@@ -189,6 +189,20 @@ def test_ablations_and_full_context_are_modes_of_one_run(tmp_path: Path) -> None
     assert run_cli(*args)["calls"] == 0  # resumed: both memories built, every row there
 
 
+def test_a_scripted_run_answers_with_the_fast_engine_and_counts_its_calls(tmp_path: Path) -> None:
+    """The real fast engine in the harness (the rule-based stand-in answers its two tasks): each row has its answer
+    and the calls it cost, at most the three of one planning round."""
+    data = write(tmp_path, "tiny.json", TINY_LOCOMO)
+    results = tmp_path / "results"
+    run_cli("locomo", "--data", str(data), "--llm", "scripted", "--engine", "fast", "--results", str(results),
+            "--mode", "memory", "--no-judge")  # fmt: skip
+    rows = [r for r in _rows(results) if r["kind"] == "answer"]
+    assert len(rows) == 3 and all(r["status"] != "error" for r in rows)
+    assert all(1 <= r["llm"]["calls"] + r["llm"]["cached"] <= 3 for r in rows)
+    assert any(r["status"] == "answered" and r["stages_ms"].keys() >= {"summarise", "sufficiency"} for r in rows)
+    assert json.loads((results / "results.json").read_text())["run"]["qa_engine"] == "fast"
+
+
 def spy_on_engines(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], dict[str, tuple[str, QueryOptions]]]:
     """The harness's engines replaced by simple ones that record it: the engine names built, and per mode the
     engine and options that answered it."""
