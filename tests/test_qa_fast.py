@@ -245,18 +245,21 @@ def never_enough(step: Callable[[], str]) -> dict[str, Responder]:
 async def test_rounds_bound_the_calls_when_evidence_stays_missing(
     films: SqliteMemoryStore, embedder: MiniLMEmbedder, rounds: int, calls: int
 ) -> None:
-    counter = itertools.count(1)
-    llm = ScriptedLLM(never_enough(lambda: f"Who is person number {next(counter)}?"))
+    people = iter(["Curtis Bernhardt", "Carl Boese"])  # each round searches somewhere else
+    llm = ScriptedLLM(never_enough(lambda: f"Where was {next(people)} born?"))
     events = Events()
-    qa = make_fast(films, embedder, llm, max_rounds=rounds)
+    qa = make_fast(films, embedder, llm, max_rounds=rounds, filter_top_k=2, filter_threshold=-1.0)
     answer = await qa.answer(query("Who is the mayor of Payment On Demand?"), events)
     assert answer.status is AnswerStatus.NO_ANSWER and answer.answer == NO_ANSWER
     assert answer.llm_calls == calls == len(llm.calls)
     assert answer.evidence == []
     assert_every_stage_reported(events)
     assert events.of(12)[0].detail["reason"] == "round limit"
-    if rounds > 1:  # a later round is told what the earlier ones searched
-        assert "Already searched: Who is person number 1?" in last(llm.calls_for("search_plan")[1])
+    if rounds > 1:  # a later round is told what the earlier ones searched, and reads what they found
+        assert "Already searched: Where was Curtis Bernhardt born?" in last(llm.calls_for("search_plan")[1])
+        shown = [block(last(r), "Memory") for r in llm.calls_for("answer_check")]
+        assert [len(lines) for lines in shown] == [2, 4, 6]
+        assert all(later[: len(earlier)] == earlier for earlier, later in itertools.pairwise(shown))
 
 
 async def test_a_failed_answer_call_ends_with_error_and_a_failed_plan_with_the_first_answer(

@@ -78,10 +78,10 @@ class _FastRun(SearchRoom):
         clue_lists = await self._search_steps(sq, steps, retriever)
         sq.done += steps
         found = _interleave([[t for c in clue_lists[s.id] for t in c.triplets] for s in steps])
-        # what the last answer read first, as it read it: the model's cache of that prompt's start is reused
-        kept = self.shown[: self.config.filter_top_k]
-        seen = {t.id for t in kept}
-        memory = kept + [t for t in found if t.id not in seen][: self.config.filter_top_k]
+        # what the last answer read, as it read it, then the round's findings (up to top-k): the earlier answers'
+        # memory stays in view, and the model's cache of that prompt's start is reused
+        seen = {t.id for t in self.shown}
+        memory = self.shown + [t for t in found if t.id not in seen][: self.config.filter_top_k]
         return await self._answer_call(sq, memory, on_text, steps[-1])
 
     async def _search_steps(self, sq: SubQuestion, steps: list[Step], retriever: Retriever) -> dict[str, list[Clue]]:
