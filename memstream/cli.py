@@ -542,7 +542,7 @@ def eval_(
     model: Annotated[str | None, typer.Option(help="MEMSTREAM_LLM_MODEL for this run")] = None,
     judge_model: Annotated[str | None, typer.Option(help="judge model (default: the answering model)")] = None,
     engine: Annotated[
-        str | None, typer.Option(help="QA engine: planning or simple (default: MEMSTREAM_QA_ENGINE)")
+        str | None, typer.Option(help="QA engine: fast, planning or simple (default: MEMSTREAM_QA_ENGINE)")
     ] = None,
     batch: Annotated[int, typer.Option(min=1, help="messages per memorize call")] = 8,
     answers: Annotated[bool, typer.Option(help="answer end to end (--no-answers: the LLM-free retrieval only)")] = True,
