@@ -27,6 +27,12 @@ MEMORY_UPDATES_REANNOUNCED = Counter(
     "memstream_memory_updates_reannounced_total",
     "Memory updates published again on replay: written before a crash, not yet marked announced",
 )
+EMBEDDING_CACHE = Counter(
+    "memstream_embedding_cache_total", "Embedding lookups per user and text (hit: embedded before)", ["result"]
+)
+EMBEDDING_BATCH_TEXTS = Histogram(
+    "memstream_embedding_batch_texts", "Texts per embedder call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
+)
 FORGETS = Counter("memstream_forgets_total", "Forget tombstones applied", ["scope", "outcome"])
 FORGOTTEN = Counter("memstream_forgotten_total", "What forgets removed or repaired", ["what"])
 MEMORIZE_CHANGES = Counter("memstream_memorize_changes_total", "Vertices/edges written", ["what"])

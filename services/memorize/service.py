@@ -9,6 +9,7 @@ a single event that fails becomes a dead letter with the reason.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +28,7 @@ from services.domain import (
     VertexKind,
     thesis_marks,
 )
+from services.embeddings import CachedEmbedder, embedding_user
 from services.llm.layers import TRANSIENT_ERRORS, attempts_made
 from services.llm.scope import llm_scope
 from services.llm.task import TaskFailed, run_task
@@ -54,6 +56,8 @@ log = get_logger(__name__)
 MemoryEvent = ChatMessage | Document
 _RESOLVE = ResolveTask()
 _CHECK = CheckTask()
+# users memorized at once: their fact groups' texts are embedded together (``CachedEmbedder`` coalesces them)
+_USERS_AT_ONCE = 16
 
 
 @dataclass
@@ -203,25 +207,51 @@ class MemorizeService:
         self.writer = stores.writer
         self.announcements = stores.announcements
         self.llm = llm
-        self.embedder = embedder
+        # every distinct text of a user embedded once; users worked on at once share the model's calls
+        self.embedder = CachedEmbedder(embedder)
         self.settings = settings
-        self.entities = EntityResolver(stores.graph, stores.vectors, llm, embedder, settings)
+        self.entities = EntityResolver(stores.graph, stores.vectors, llm, self.embedder, settings)
+        self._users_at_once = asyncio.Semaphore(_USERS_AT_ONCE)
 
     async def memorize(self, events: Sequence[MemoryEvent], source_topic: str = "memorize") -> MemorizeOutcome:
-        outcome = MemorizeOutcome()
+        """Each user's events in order; users side by side (nothing of one user depends on another's). The
+        outcome lists the users in the order their first event came, as if they had been memorized one by one."""
         by_user: OrderedDict[str, dict[str, MemoryEvent]] = OrderedDict()
         for event in events:
             by_user.setdefault(event.user_id, {}).setdefault(event.event_id, event)
-        for user_id, user_events in by_user.items():
-            seen = await self.graph.seen_events(user_id, list(user_events))
-            outcome.skipped.extend(sorted(seen))
-            for event_id in seen:
-                metrics.MEMORIZE_EVENTS.labels(kind=user_events[event_id].kind, outcome="duplicate").inc()
-            if seen:  # applied before: a crash may have come before their memory updates were published
-                await self._pending(user_id, sorted(seen), outcome)
-            fresh = [e for e in user_events.values() if e.event_id not in seen]
-            for group in self._groups(fresh):
-                await self._memorize_group(user_id, group, outcome, source_topic)
+        tasks = [
+            asyncio.create_task(self._memorize_user(user_id, list(user_events.values()), source_topic))
+            for user_id, user_events in by_user.items()
+        ]
+        try:
+            parts = await asyncio.gather(*tasks)
+        except BaseException:  # the first failure is raised as it is; the other users' work stops with it
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        outcome = MemorizeOutcome()
+        for part in parts:
+            outcome.updates.extend(part.updates)
+            outcome.dead_letters.extend(part.dead_letters)
+            outcome.skipped.extend(part.skipped)
+            outcome.llm_calls += part.llm_calls
+        return outcome
+
+    async def _memorize_user(self, user_id: str, events: list[MemoryEvent], source_topic: str) -> MemorizeOutcome:
+        outcome = MemorizeOutcome()
+        async with self._users_at_once:
+            with embedding_user(user_id):
+                seen = await self.graph.seen_events(user_id, [e.event_id for e in events])
+                outcome.skipped.extend(sorted(seen))
+                for event in events:
+                    if event.event_id in seen:
+                        metrics.MEMORIZE_EVENTS.labels(kind=event.kind, outcome="duplicate").inc()
+                if seen:  # applied before: a crash may have come before their memory updates were published
+                    await self._pending(user_id, sorted(seen), outcome)
+                fresh = [e for e in events if e.event_id not in seen]
+                for group in self._groups(fresh):
+                    await self._memorize_group(user_id, group, outcome, source_topic)
         return outcome
 
     async def announced(self, updates: Sequence[MemoryUpdate]) -> None:
