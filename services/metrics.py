@@ -94,6 +94,16 @@ CONSUMER_LAG = Gauge(
     ["topic", "partition"],
     multiprocess_mode="livemax",
 )
+# set with it: messages a topic's workers have still to process, and the time to catch up at their recent rate
+MEMORIZE_BACKLOG = Gauge(
+    "memstream_memorize_backlog_messages", "Records waiting for the workers", ["topic"], multiprocess_mode="livemax"
+)
+MEMORIZE_CATCHUP = Gauge(
+    "memstream_memorize_catchup_seconds",
+    "Estimated seconds until the worker group has caught up (backlog / recent drain rate; -1: not draining)",
+    ["topic"],
+    multiprocess_mode="livemax",
+)
 
 # The gateway's write-ahead outbox (streams/outbox.py)
 OUTBOX_COMMITS = Counter("memstream_outbox_commits_total", "Outbox commits (fsyncs); each covers one or more requests")

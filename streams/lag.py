@@ -8,19 +8,47 @@ counts from its first offset, as the workers start there (``auto_offset_reset="e
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from services.logging import get_logger
-from services.metrics import CONSUMER_LAG
+from services.metrics import CONSUMER_LAG, MEMORIZE_BACKLOG, MEMORIZE_CATCHUP
 from services.settings import Settings
 from streams.background import stop_consumer_loop
 from streams.kafka_security import kafka_client_options
 
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """A topic's backlog and, from how fast the group committed since the last sample, when it will be drained."""
+
+    backlog: int
+    rate_per_s: float  # records committed per second over the last sampling period
+    seconds: float | None  # None: records wait and nothing was committed (stalled, or no worker yet)
+
+
+class CatchUpEstimator:
+    """Drain rate and catch-up time per topic from successive samples of committed and end offsets."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, int]] = {}  # topic -> (when, records committed in all)
+
+    def update(self, topic: str, committed: int, backlog: int, now: float) -> CatchUp:
+        last = self._last.get(topic)
+        self._last[topic] = (now, committed)
+        rate = 0.0
+        if last is not None and now > last[0]:
+            rate = max(0, committed - last[1]) / (now - last[0])
+        if backlog == 0:
+            return CatchUp(0, rate, 0.0)
+        return CatchUp(backlog, rate, backlog / rate if rate > 0 else None)
 
 
 class LagSensor:
@@ -43,6 +71,8 @@ class LagSensor:
         self._consumer: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._task: asyncio.Task[None] | None = None
+        self.estimator = CatchUpEstimator()
+        self.catch_up: dict[str, CatchUp] = {}  # per topic, as of the last sample
 
     @property
     def running(self) -> bool:
@@ -91,8 +121,17 @@ class LagSensor:
         starts = await consumer.beginning_offsets(partitions)
         committed = await admin.list_consumer_group_offsets(self.group, partitions=partitions)
         lag: dict[TopicPartition, int] = {}
+        done: dict[str, int] = {}
         for tp in partitions:
             offset = committed[tp].offset if tp in committed and committed[tp].offset >= 0 else starts[tp]
             lag[tp] = max(0, ends[tp] - offset)
+            done[tp.topic] = done.get(tp.topic, 0) + offset
             CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(lag[tp])
+        now = time.monotonic()
+        for topic, committed_in_all in done.items():
+            backlog = sum(n for tp, n in lag.items() if tp.topic == topic)
+            estimate = self.estimator.update(topic, committed_in_all, backlog, now)
+            self.catch_up[topic] = estimate
+            MEMORIZE_BACKLOG.labels(topic=topic).set(backlog)
+            MEMORIZE_CATCHUP.labels(topic=topic).set(-1 if estimate.seconds is None else estimate.seconds)
         return lag
