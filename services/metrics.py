@@ -105,6 +105,19 @@ MEMORIZE_CATCHUP = Gauge(
     multiprocess_mode="livemax",
 )
 
+MEMORIZE_WORKER_BACKLOG = Gauge(
+    "memstream_memorize_worker_backlog_messages",
+    "Records waiting in the partitions a worker holds (worker: its group member id)",
+    ["worker"],
+    multiprocess_mode="livemax",
+)
+MEMORIZE_WORKER_CATCHUP = Gauge(
+    "memstream_memorize_worker_catchup_seconds",
+    "Estimated seconds until a worker has caught up with its partitions (-1: records wait, none committed)",
+    ["worker"],
+    multiprocess_mode="livemax",
+)
+
 # The gateway's write-ahead outbox (streams/outbox.py)
 OUTBOX_COMMITS = Counter("memstream_outbox_commits_total", "Outbox commits (fsyncs); each covers one or more requests")
 OUTBOX_REPLAYED = Counter("memstream_outbox_replayed_total", "Outbox entries re-published into the broker")

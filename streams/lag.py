@@ -11,13 +11,22 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import KafkaError
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.logging import get_logger
-from services.metrics import CONSUMER_LAG, MEMORIZE_BACKLOG, MEMORIZE_CATCHUP
+from services.metrics import (
+    CONSUMER_LAG,
+    MEMORIZE_BACKLOG,
+    MEMORIZE_CATCHUP,
+    MEMORIZE_WORKER_BACKLOG,
+    MEMORIZE_WORKER_CATCHUP,
+)
 from services.settings import Settings
 from streams.background import stop_consumer_loop
 from streams.kafka_security import kafka_client_options
@@ -73,6 +82,7 @@ class LagSensor:
         self._task: asyncio.Task[None] | None = None
         self.estimator = CatchUpEstimator()
         self.catch_up: dict[str, CatchUp] = {}  # per topic, as of the last sample
+        self.workers: dict[str, CatchUp] = {}  # per worker (group member), as of the last sample
 
     @property
     def running(self) -> bool:
@@ -122,8 +132,10 @@ class LagSensor:
         committed = await admin.list_consumer_group_offsets(self.group, partitions=partitions)
         lag: dict[TopicPartition, int] = {}
         done: dict[str, int] = {}
+        positions: dict[TopicPartition, int] = {}  # where the group resumes in each partition
         for tp in partitions:
-            offset = committed[tp].offset if tp in committed and committed[tp].offset >= 0 else starts[tp]
+            known = tp in committed and committed[tp].offset >= 0
+            offset = positions[tp] = committed[tp].offset if known else starts[tp]
             lag[tp] = max(0, ends[tp] - offset)
             done[tp.topic] = done.get(tp.topic, 0) + offset
             CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(lag[tp])
@@ -134,4 +146,77 @@ class LagSensor:
             self.catch_up[topic] = estimate
             MEMORIZE_BACKLOG.labels(topic=topic).set(backlog)
             MEMORIZE_CATCHUP.labels(topic=topic).set(-1 if estimate.seconds is None else estimate.seconds)
+        self._per_worker(await self._members(admin, partitions), lag, positions, now)
         return lag
+
+    def _per_worker(
+        self,
+        members: dict[str, list[TopicPartition]],
+        lag: dict[TopicPartition, int],
+        positions: dict[TopicPartition, int],
+        now: float,
+    ) -> None:
+        """Each worker's backlog is what waits in the partitions it holds now; its rate, what it committed there."""
+        MEMORIZE_WORKER_BACKLOG.clear()
+        MEMORIZE_WORKER_CATCHUP.clear()
+        self.workers = {}
+        for worker, held in members.items():
+            mine = [tp for tp in held if tp in lag]
+            done = sum(positions[tp] for tp in mine)
+            estimate = self.estimator.update(f"worker:{worker}", done, sum(lag[tp] for tp in mine), now)
+            self.workers[worker] = estimate
+            MEMORIZE_WORKER_BACKLOG.labels(worker=worker).set(estimate.backlog)
+            MEMORIZE_WORKER_CATCHUP.labels(worker=worker).set(-1 if estimate.seconds is None else estimate.seconds)
+
+    async def _members(
+        self, admin: AIOKafkaAdminClient, partitions: list[TopicPartition]
+    ) -> dict[str, list[TopicPartition]]:
+        try:
+            described = await admin.describe_consumer_groups([self.group])
+        except (KafkaError, OSError) as exc:
+            log.warning("lag_members_unknown", error=repr(exc))
+            return {}
+        groups = [group for response in described for group in response.groups]
+        return members_of([member for group in groups for member in group[5]], partitions)
+
+
+def members_of(
+    members: Sequence[Sequence[Any]], partitions: Sequence[TopicPartition]
+) -> dict[str, list[TopicPartition]]:
+    """Each group member's id and the ``partitions`` it holds, from DescribeGroups' member rows (member id, client
+    id, host, metadata, assignment). A broker that leaves the assignment out (the embedded one does) still names a
+    lone member, which holds them all; of several such members nothing can be told apart, so none is reported."""
+    wanted = set(partitions)
+    held: dict[str, list[TopicPartition]] = {}
+    for member in members:
+        member_id, assignment = str(member[0]), bytes(member[4] or b"")
+        if assignment:
+            decoded = ConsumerProtocolMemberAssignment.decode(assignment)
+            assigned = [TopicPartition(t, p) for t, ps in decoded.assignment for p in ps]
+            held[member_id] = [tp for tp in assigned if tp in wanted]
+    unassigned = [str(m[0]) for m in members if not m[4]]
+    if not held and len(unassigned) == 1:
+        held[unassigned[0]] = list(partitions)
+    return held
+
+
+def catch_up_from_metrics(text: str) -> dict[str, Any]:
+    """What the lag sensor last published, read off a /metrics page: records waiting and the estimated seconds to
+    catch up (None: unknown or stalled), in all and per worker. Empty when no sensor has sampled."""
+    out: dict[str, Any] = {}
+    workers: dict[str, dict[str, Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            value = sample.value
+            if sample.name == "memstream_memorize_backlog_messages":
+                out["backlog"] = out.get("backlog", 0) + int(value)
+            elif sample.name == "memstream_memorize_catchup_seconds":
+                known = out.get("catchup_s", 0.0)
+                out["catchup_s"] = None if value < 0 or known is None else max(known, value)
+            elif sample.name == "memstream_memorize_worker_backlog_messages":
+                workers.setdefault(sample.labels["worker"], {})["backlog"] = int(value)
+            elif sample.name == "memstream_memorize_worker_catchup_seconds":
+                workers.setdefault(sample.labels["worker"], {})["catchup_s"] = None if value < 0 else value
+    if workers:
+        out["workers"] = workers
+    return out

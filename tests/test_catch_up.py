@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from streams.lag import CatchUpEstimator
+import time
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client import REGISTRY, generate_latest
+
+from memstream.broker import EmbeddedBroker
+from services.settings import Settings
+from streams.lag import CatchUpEstimator, LagSensor, catch_up_from_metrics, members_of
+from streams.topics import ensure_topics
 
 
 def test_a_backlog_is_visible_then_drains() -> None:
@@ -23,3 +32,68 @@ def test_topics_are_estimated_apart() -> None:
     estimator.update("docs", committed=0, backlog=10, now=0.0)
     assert estimator.update("chat", committed=10, backlog=0, now=1.0).rate_per_s == 10.0
     assert estimator.update("docs", committed=1, backlog=9, now=1.0).seconds == 9.0
+
+
+def test_the_published_estimate_reads_back_from_the_metrics_page() -> None:
+    page = "\n".join(
+        [
+            'memstream_memorize_backlog_messages{topic="chat"} 12.0',
+            'memstream_memorize_backlog_messages{topic="docs"} 3.0',
+            'memstream_memorize_catchup_seconds{topic="chat"} 6.0',
+            'memstream_memorize_catchup_seconds{topic="docs"} 1.5',
+            'memstream_memorize_worker_backlog_messages{worker="w-1"} 15.0',
+            'memstream_memorize_worker_catchup_seconds{worker="w-1"} -1.0',
+            "",
+        ]
+    )
+    read = catch_up_from_metrics(page)
+    assert read == {"backlog": 15, "catchup_s": 6.0, "workers": {"w-1": {"backlog": 15, "catchup_s": None}}}
+    assert catch_up_from_metrics("") == {}
+
+
+def test_members_and_the_partitions_they_hold() -> None:
+    # a member row as Apache Kafka answers it: partitions 0-3 of one topic
+    partitions = b"".join(n.to_bytes(4) for n in range(4))
+    kafka = b"\x00\x00\x00\x00\x00\x01\x00\x04chat\x00\x00\x00\x04" + partitions + b"\x00\x00\x00\x00"
+    wanted = [TopicPartition("chat", n) for n in (0, 1, 2)]
+    assert members_of([("w-1", "c", "h", b"", kafka)], wanted) == {"w-1": wanted}
+    # the embedded broker leaves the assignment out: a lone member holds everything, several tell nothing
+    assert members_of([("w-1", "", "", b"", b"")], wanted) == {"w-1": wanted}
+    assert members_of([("w-1", "", "", b"", b""), ("w-2", "", "", b"", b"")], wanted) == {}
+
+
+@pytest.mark.server
+async def test_each_worker_sees_the_backlog_of_the_partitions_it_holds(
+    broker: EmbeddedBroker, settings: Settings
+) -> None:
+    await ensure_topics(settings, broker.bootstrap)
+    topic = settings.topic("chat")
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+    await producer.start()
+    try:
+        for n in range(6):
+            await producer.send_and_wait(topic, b"x", partition=n % 2)
+    finally:
+        await producer.stop()
+    group = "catch-up-test-group"
+    worker = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False)
+    await worker.start()
+    sensor = LagSensor(broker.bootstrap, group, [topic], interval_s=3600)
+    await sensor.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not worker.assignment():  # joined the group once it holds its partitions
+            assert time.monotonic() < deadline, "the worker never joined"
+            await worker.getmany(timeout_ms=200, max_records=1)
+        await sensor.sample()
+        (member,) = sensor.workers
+        assert sensor.workers[member].backlog == 6
+        await worker.commit({tp: 3 for tp in worker.assignment()})  # 3 records in each of the 2 partitions
+        await sensor.sample()
+        now = sensor.workers[member]
+        assert now.backlog == 0 and now.seconds == 0.0 and now.rate_per_s > 0
+        read = catch_up_from_metrics(generate_latest(REGISTRY).decode())
+        assert read["workers"][member] == {"backlog": 0, "catchup_s": 0.0}
+    finally:
+        await sensor.stop()
+        await worker.stop()
