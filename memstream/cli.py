@@ -368,7 +368,9 @@ def _llm_summary(metrics_text: str) -> str:
         text += f", {rejected} output(s) rejected"
     if timed:
         text += f", {seconds / timed:.1f}s per call"
-    return text
+    from streams.lag import catch_up_from_metrics, catch_up_line
+
+    return f"{text}; {catch_up_line(catch_up_from_metrics(metrics_text))}"
 
 
 @app.command()
@@ -607,8 +609,10 @@ def stats(
     url: UrlOption = None,
     key: KeyOption = None,
 ) -> None:
-    """Counts of a user's vertices by kind, edges by kind, valid and invalidated theses."""
+    """Counts of a user's vertices by kind, edges by kind, valid and invalidated theses; messages waiting for
+    memorize and the estimated time to catch up, in all and per worker."""
     from streams.gateway.client import GatewayClient, GatewayError
+    from streams.lag import catch_up_from_metrics, catch_up_line
 
     settings = _settings()
     with GatewayClient(_url(settings, url), api_key=key) as client:
@@ -616,6 +620,10 @@ def stats(
             result: dict[str, Any] = client.stats(user)
         except GatewayError as exc:
             raise _fail(str(exc)) from exc
+        try:  # the worker group's backlog and catch-up estimate, so a user knows when memory is current
+            result["memorize"] = catch_up_from_metrics(client.metrics_text())
+        except GatewayError as exc:  # the counts stand without it
+            result["memorize"] = {"error": str(exc)}
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
@@ -623,6 +631,7 @@ def stats(
     typer.echo("vertices: " + ", ".join(f"{k} {v}" for k, v in sorted(result["vertices"].items())))
     typer.echo("edges:    " + ", ".join(f"{k} {v}" for k, v in sorted(result["edges"].items())))
     typer.echo(f"theses:   {result['theses_valid']} valid, {result['theses_invalidated']} invalidated")
+    typer.echo(catch_up_line(result["memorize"]))
 
 
 @app.command()

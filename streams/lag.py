@@ -205,18 +205,43 @@ def catch_up_from_metrics(text: str) -> dict[str, Any]:
     catch up (None: unknown or stalled), in all and per worker. Empty when no sensor has sampled."""
     out: dict[str, Any] = {}
     workers: dict[str, dict[str, Any]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            value = sample.value
-            if sample.name == "memstream_memorize_backlog_messages":
-                out["backlog"] = out.get("backlog", 0) + int(value)
-            elif sample.name == "memstream_memorize_catchup_seconds":
-                known = out.get("catchup_s", 0.0)
-                out["catchup_s"] = None if value < 0 or known is None else max(known, value)
-            elif sample.name == "memstream_memorize_worker_backlog_messages":
-                workers.setdefault(sample.labels["worker"], {})["backlog"] = int(value)
-            elif sample.name == "memstream_memorize_worker_catchup_seconds":
-                workers.setdefault(sample.labels["worker"], {})["catchup_s"] = None if value < 0 else value
+    try:
+        samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    except ValueError as exc:
+        return {"error": f"unreadable metrics page: {exc}"}
+    for sample in samples:
+        value = sample.value
+        if sample.name == "memstream_memorize_backlog_messages":
+            out["backlog"] = out.get("backlog", 0) + int(value)
+        elif sample.name == "memstream_memorize_catchup_seconds":
+            known = out.get("catchup_s", 0.0)
+            out["catchup_s"] = None if value < 0 or known is None else max(known, value)
+        elif sample.name == "memstream_memorize_worker_backlog_messages":
+            workers.setdefault(sample.labels["worker"], {})["backlog"] = int(value)
+        elif sample.name == "memstream_memorize_worker_catchup_seconds":
+            workers.setdefault(sample.labels["worker"], {})["catchup_s"] = None if value < 0 else value
     if workers:
         out["workers"] = workers
     return out
+
+
+def catch_up_line(catch_up: dict[str, Any]) -> str:
+    """One line a user reads to know when memory is current: records waiting, time to catch up, per worker."""
+    if "error" in catch_up:
+        return f"memorize backlog: unknown ({catch_up['error']})"
+    if "backlog" not in catch_up:
+        return "memorize backlog: not measured yet"
+
+    def eta(backlog: int, seconds: float | None) -> str:
+        if backlog == 0:
+            return "caught up"
+        return "not draining yet" if seconds is None else f"~{seconds:.0f}s to catch up"
+
+    text = f"memorize backlog: {catch_up['backlog']} waiting, {eta(catch_up['backlog'], catch_up.get('catchup_s'))}"
+    workers = catch_up.get("workers", {})
+    if workers:
+        parts = [
+            f"{w}: {v.get('backlog', 0)}, {eta(v.get('backlog', 0), v.get('catchup_s'))}" for w, v in workers.items()
+        ]
+        text += " (" + "; ".join(parts) + ")"
+    return text

@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 from memstream.broker import EmbeddedBroker
 from services.settings import Settings
-from streams.lag import CatchUpEstimator, LagSensor, catch_up_from_metrics, members_of
+from streams.lag import CatchUpEstimator, LagSensor, catch_up_from_metrics, catch_up_line, members_of
 from streams.topics import ensure_topics
 
 
@@ -97,3 +97,13 @@ async def test_each_worker_sees_the_backlog_of_the_partitions_it_holds(
     finally:
         await sensor.stop()
         await worker.stop()
+
+
+def test_the_line_a_user_reads() -> None:
+    assert catch_up_line({}) == "memorize backlog: not measured yet"
+    assert catch_up_line({"error": "/metrics answered 403"}) == "memorize backlog: unknown (/metrics answered 403)"
+    line = catch_up_line(
+        {"backlog": 12, "catchup_s": 6.2, "workers": {"w-1": {"backlog": 12, "catchup_s": None}, "w-2": {"backlog": 0}}}
+    )
+    assert line == "memorize backlog: 12 waiting, ~6s to catch up (w-1: 12, not draining yet; w-2: 0, caught up)"
+    assert catch_up_from_metrics("not a metrics page {")["error"].startswith("unreadable metrics page")

@@ -130,6 +130,13 @@ class GatewayClient:
         result: dict[str, Any] = self._check(self._request("GET", f"/v1/stats/{user_id}"))
         return result
 
+    def metrics_text(self) -> str:
+        """The gateway's Prometheus page (the workers' metrics too, under `memstream up`)."""
+        response = self._request("GET", "/metrics")
+        if response.status_code != 200:
+            raise GatewayError(f"/metrics answered {response.status_code}")
+        return response.text
+
     def dead_letters(
         self,
         user_id: str | None = None,
