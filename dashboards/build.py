@@ -214,6 +214,23 @@ KAFKA = [
         width=24,
     ),
     Panel(
+        "Waiting for memorize, per worker",
+        "Records waiting in the partitions each worker holds (the group's total beside them): memory is current at 0.",
+        [
+            ("max by (worker) (memstream_memorize_worker_backlog_messages)", "{{worker}}"),
+            ("max by (topic) (memstream_memorize_backlog_messages)", "all: {{topic}}"),
+        ],
+    ),
+    Panel(
+        "Time to catch up, per worker",
+        "Records waiting / the rate each worker committed at since the last sample; -1: records wait, none committed.",
+        [
+            ("max by (worker) (memstream_memorize_worker_catchup_seconds)", "{{worker}}"),
+            ("max by (topic) (memstream_memorize_catchup_seconds)", "all: {{topic}}"),
+        ],
+        unit="s",
+    ),
+    Panel(
         "Lag per topic",
         "Total uncommitted records of each topic the workers consume.",
         [("sum by (topic) (max by (topic, partition) (memstream_consumer_lag))", "{{topic}}")],
