@@ -6,6 +6,7 @@ way to ask a store for more than one user's memory.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,6 +99,14 @@ class VectorStore(ABC):
 
     @abstractmethod
     async def get_vectors(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]: ...
+
+    async def search_many(
+        self, user_id: str, kinds: Sequence[str], query_vectors: Sequence[Vector], k: int = 10
+    ) -> list[list[VectorHit]]:
+        """Dense search for each of ``query_vectors`` (memorize's candidates of a whole batch of facts): the same hits
+        as one ``search`` each, read together. This default sends them at once; a store that can answer them in one
+        read overrides it."""
+        return list(await asyncio.gather(*(self.search(user_id, kinds, v, None, k) for v in query_vectors)))
 
 
 class MemoryWriter(ABC):

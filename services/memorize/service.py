@@ -389,13 +389,14 @@ class MemorizeService:
         if self.settings.invalidation_candidates == 0 or not facts:
             return {}, {}, 0
         same_as: dict[int, dict[int, str]] = {}
-        near: list[list[tuple[str, float]]] = []
-        for _, _, fact in facts:
-            text = thesis_text(fact)
-            new_id = ids.thesis_id(user_id, text)
-            k = 3 + self.settings.invalidation_candidates
-            found_hits = await self.vectors.search(user_id, [VertexKind.THESIS.value], vectors[text], None, k=k)
-            near.append([(h.id, h.score) for h in found_hits if h.id != new_id])
+        texts = [thesis_text(fact) for _, _, fact in facts]
+        k = 3 + self.settings.invalidation_candidates
+        # the whole batch's candidates in one read
+        hits = await self.vectors.search_many(user_id, [VertexKind.THESIS.value], [vectors[t] for t in texts], k=k)
+        near = [
+            [(h.id, h.score) for h in found if h.id != ids.thesis_id(user_id, text)]
+            for text, found in zip(texts, hits, strict=True)
+        ]
         known = await self.graph.get_vertices(user_id, sorted({i for scored in near for i, _ in scored}))
         for (unit_n, fact_n, fact), scored in zip(facts, near, strict=True):
             for hit, score in scored:

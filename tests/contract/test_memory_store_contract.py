@@ -521,3 +521,18 @@ async def test_users_never_see_each_other(memory_store: Stores, alice: World, bo
     assert (alice_stats.theses_invalidated, alice_stats.events, alice_stats.vertices["object"]) == (1, 2, 4)
     assert (bob_stats.theses_invalidated, bob_stats.events, bob_stats.vertices["object"]) == (0, 1, 3)
     assert (await memory_store.graph.stats("carol")).events == 0
+
+
+async def test_search_many_is_one_search_each(memory_store: Stores, alice: World) -> None:
+    await load(memory_store, alice)
+    queries = [unit(2), unit(0, 2), unit(0, 2, 4)]
+    many = await memory_store.vectors.search_many("alice", ["thesis", "object"], queries, k=3)
+    one_each = [await memory_store.vectors.search("alice", ["thesis", "object"], q, k=3) for q in queries]
+    assert [[h.id for h in hits] for hits in many] == [[h.id for h in hits] for hits in one_each]
+    assert [[h.score for h in hits] for hits in many] == [
+        pytest.approx([h.score for h in hits], abs=1e-5) for hits in one_each
+    ]
+    assert many[0][0].id == alice.id["paris"]
+    # scoped to the user like every read: bob's memory holds none of alice's vertices
+    assert await memory_store.vectors.search_many("bob", ["thesis", "object"], queries, k=3) == [[], [], []]
+    assert await memory_store.vectors.search_many("alice", ["thesis"], [], k=3) == []

@@ -52,6 +52,14 @@ def dense(
     return [VectorHit(id=row[0], score=1.0 - row[1]) for row in rows]
 
 
+def dense_many(
+    conn: apsw.Connection, user_id: str, kinds: Sequence[str], vectors: Sequence[Sequence[float]], k: int, dim: int
+) -> list[list[VectorHit]]:
+    """``dense`` for each vector, on one connection in one read transaction (the hits agree with one snapshot)."""
+    with conn:
+        return [dense(conn, user_id, kinds, vector, k, dim) for vector in vectors]
+
+
 def lexical(
     conn: apsw.Connection,
     user_id: str,

@@ -205,6 +205,15 @@ class SqliteMemoryStore(WholeBackend):
             return {}
         return await self._read("get_vectors", search.get_vectors, user_id, list(ids))
 
+    async def search_many(
+        self, user_id: str, kinds: Sequence[str], query_vectors: Sequence[Vector], k: int = 10
+    ) -> list[list[VectorHit]]:
+        """One read (one thread hop, one connection) for the whole batch of dense searches."""
+        if not query_vectors:
+            return []
+        vectors = [list(v) for v in query_vectors]
+        return await self._read("search_dense_many", search.dense_many, user_id, list(kinds), vectors, k, self.dim)
+
     # -- AnnouncementLog -----------------------------------------------------------------------------------------
 
     async def pending_announcements(self, user_id: str, event_ids: Sequence[str]) -> list[Announcement]:
