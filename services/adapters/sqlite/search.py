@@ -57,7 +57,8 @@ def dense_many(
 ) -> list[list[VectorHit]]:
     """``dense`` for each vector, on one connection in one read transaction (the hits agree with one snapshot)."""
     with conn:
-        return [dense(conn, user_id, kinds, vector, k, dim) for vector in vectors]
+        hits = [dense(conn, user_id, kinds, vector, k, dim) for vector in vectors]
+    return hits
 
 
 def lexical(
