@@ -74,6 +74,15 @@ class GraphStore(ABC):
     async def valid_theses(self, user_id: str, about: Sequence[str] | None = None, limit: int = 50) -> list[Vertex]:
         """Theses not yet invalidated; ``about`` restricts to theses linked to these object ids."""
 
+    async def valid_theses_each(
+        self, user_id: str, object_ids: Sequence[str], limit: int = 50
+    ) -> dict[str, list[Vertex]]:
+        """``valid_theses(user_id, [o], limit)`` for each object id (memorize's subjects of a whole batch), read
+        together. This default sends them at once; a store that can answer them in one read overrides it."""
+        wanted = list(dict.fromkeys(object_ids))
+        found = await asyncio.gather(*(self.valid_theses(user_id, [o], limit) for o in wanted))
+        return dict(zip(wanted, found, strict=True))
+
     @abstractmethod
     async def seen_events(self, user_id: str, event_ids: Sequence[str]) -> set[str]:
         """The subset of ``event_ids`` already applied (idempotent replay)."""

@@ -411,7 +411,8 @@ class MemorizeService:
         # a candidate relates the same subject (``_rival``), and so does every thesis stating its relation edge: the
         # subjects' theses are all that is read
         subjects = sorted({fact.subject for _, _, fact in facts})
-        about = {e: await self.graph.valid_theses(user_id, [ids.object_id(user_id, e)], limit=200) for e in subjects}
+        of_object = await self.graph.valid_theses_each(user_id, [ids.object_id(user_id, e) for e in subjects], 200)
+        about = {e: of_object[ids.object_id(user_id, e)] for e in subjects}
         # The batch's own earlier facts are candidates too, as they would be in a batch of their own: one batch may
         # hold the old state and the new ("I'm a chemistry teacher" in April, "I now work at Novagen" in September).
         drafted = {

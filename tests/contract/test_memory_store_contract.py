@@ -536,3 +536,16 @@ async def test_search_many_is_one_search_each(memory_store: Stores, alice: World
     # scoped to the user like every read: bob's memory holds none of alice's vertices
     assert await memory_store.vectors.search_many("bob", ["thesis", "object"], queries, k=3) == [[], [], []]
     assert await memory_store.vectors.search_many("alice", ["thesis"], [], k=3) == []
+
+
+async def test_valid_theses_each_is_one_read_each(memory_store: Stores, alice: World) -> None:
+    await load(memory_store, alice)
+    objects = [alice.id["paris"], alice.id["berlin"], alice.id["bob"], "o_not_there"]
+    each = await memory_store.graph.valid_theses_each("alice", objects, limit=10)
+    assert set(each) == set(objects)
+    for o in objects:
+        assert [v.id for v in each[o]] == [v.id for v in await memory_store.graph.valid_theses("alice", [o], 10)]
+    assert [v.id for v in each[alice.id["berlin"]]] == [alice.id["t_berlin"]]
+    assert each[alice.id["paris"]] == []  # its thesis was invalidated by Berlin's
+    assert each["o_not_there"] == []
+    assert await memory_store.graph.valid_theses_each("bob", objects, limit=10) == {o: [] for o in objects}

@@ -126,6 +126,15 @@ def valid_theses(conn: apsw.Connection, user_id: str, about: Sequence[str] | Non
     return [row_vertex(row) for row in rows]
 
 
+def valid_theses_each(
+    conn: apsw.Connection, user_id: str, objects: Sequence[str], limit: int
+) -> dict[str, list[Vertex]]:
+    """``valid_theses`` about each object, in one read transaction."""
+    with conn:
+        found = {o: valid_theses(conn, user_id, [o], limit) for o in dict.fromkeys(objects)}
+    return found
+
+
 def seen_events(conn: apsw.Connection, user_id: str, event_ids: Sequence[str]) -> set[str]:
     rows = conn.execute(
         f"SELECT event_id FROM applied_events WHERE user_id = ? AND event_id IN {_IN_LIST}",

@@ -169,6 +169,13 @@ class SqliteMemoryStore(WholeBackend):
         objects = None if about is None else list(about)
         return await self._read("valid_theses", read.valid_theses, user_id, objects, limit)
 
+    async def valid_theses_each(
+        self, user_id: str, object_ids: Sequence[str], limit: int = 50
+    ) -> dict[str, list[Vertex]]:
+        if not object_ids:
+            return {}
+        return await self._read("valid_theses_each", read.valid_theses_each, user_id, list(object_ids), limit)
+
     async def seen_events(self, user_id: str, event_ids: Sequence[str]) -> set[str]:
         if not event_ids:
             return set()
