@@ -218,7 +218,7 @@ async def bench_qa(backend: str, limit: int) -> dict[str, Any]:
 # -- ingest ---------------------------------------------------------------------------------------------------------
 
 
-async def bench_ingest(backend: str, messages: int, users: int) -> dict[str, Any]:
+async def bench_ingest(backend: str, messages: int, users: int, workers: int = 1) -> dict[str, Any]:
     batch = load_messages(DATA, messages, users)
     run = uuid.uuid4().hex[:8]
     overrides: dict[str, Any] = {"batch_wait_s": 0.2, "topic_prefix": f"bench-{run}", "consumer_group": f"bench-{run}"}
@@ -237,7 +237,7 @@ async def bench_ingest(backend: str, messages: int, users: int) -> dict[str, Any
             pass  # forget the users a previous run left
     with tempfile.TemporaryDirectory() as tmp:
         settings = settings_for(Path(tmp), **overrides)
-        stack = Stack(settings, settings.host, settings.port, workers=1, startup_timeout_s=120)
+        stack = Stack(settings, settings.host, settings.port, workers=workers, startup_timeout_s=120)
         await stack.start()
         try:
             topics = TopicNames.from_settings(settings)
@@ -253,6 +253,7 @@ async def bench_ingest(backend: str, messages: int, users: int) -> dict[str, Any
                     await producer.send(topics.chat, encode(m), key=m.user_id.encode())
                 await producer.flush()
                 wanted, done = {m.event_id for m in batch}, set[str]()
+                applied: dict[str, list[str]] = {}  # per user, event ids in the order their updates came
                 deadline = time.monotonic() + max(300.0, messages * 1.0)
                 while not wanted <= done:
                     stack.check_children()
@@ -260,14 +261,27 @@ async def bench_ingest(backend: str, messages: int, users: int) -> dict[str, Any
                         raise TimeoutError(f"{len(done & wanted)}/{len(wanted)} memorized before the deadline")
                     for records in (await consumer.getmany(timeout_ms=500)).values():
                         for record in records:
-                            done.update(MemoryUpdate.model_validate_json(record.value or b"").source_event_ids)
+                            update = MemoryUpdate.model_validate_json(record.value or b"")
+                            fresh = [e for e in update.source_event_ids if e not in done]
+                            applied.setdefault(update.user_id, []).extend(fresh)
+                            done.update(fresh)
                 elapsed = time.perf_counter() - started
             finally:
                 await producer.stop()
                 await consumer.stop()
         finally:
             await asyncio.to_thread(stack.stop)
-    return {"messages": len(batch), "seconds": round(elapsed, 2), "messages_per_s": round(len(batch) / elapsed, 2)}
+    sent: dict[str, list[str]] = {}
+    for m in batch:
+        sent.setdefault(m.user_id, []).append(m.event_id)
+    return {
+        "workers": workers,
+        "messages": len(batch),
+        "seconds": round(elapsed, 2),
+        "messages_per_s": round(len(batch) / elapsed, 2),
+        # every user's messages memorized in the order they were sent (one partition per user, one worker at a time)
+        "per_user_order_held": all(applied.get(u) == ids for u, ids in sent.items()),
+    }
 
 
 # -- main -----------------------------------------------------------------------------------------------------------
@@ -278,7 +292,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "store": lambda b: bench_store(b, args.change_sets),
         "traversal": lambda b: bench_traversal(b, args.objects),
         "qa": lambda b: bench_qa(b, args.qa_limit),
-        "ingest": lambda b: bench_ingest(b, args.messages, args.users),
+        "ingest": lambda b: bench_ingest(b, args.messages, args.users, args.workers),
     }
     out: dict[str, Any] = {"benchmark": "real_stack", "load_average_start": os.getloadavg()[0]}
     for name in args.sections.split(","):
@@ -296,6 +310,7 @@ def main() -> int:
     parser.add_argument("--qa-limit", type=int, default=30)
     parser.add_argument("--messages", type=int, default=300)
     parser.add_argument("--users", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=1, help="ingest: Faust workers in the one consumer group")
     args = parser.parse_args()
     addresses()
     sys.stdout.write(json.dumps(asyncio.run(run(args))) + "\n")
