@@ -58,7 +58,7 @@ async def build_services(settings: Settings, llm: LLM | None = None) -> Services
         else:
             llm = build_llm(settings, cache=stores.cache)
     memorize = MemorizeService(stores, llm, embedder, settings)
-    forget = ForgetService(stores.graph, stores.forget, stores.cache, embedder)
+    forget = ForgetService(stores.graph, stores.forget, stores.cache, embedder, embeddings=memorize.embedder)
     qa = QAService(build_engine(settings, stores, embedder, llm))
     return Services(settings, stores, llm, embedder, memorize, forget, qa)
 

@@ -29,6 +29,7 @@ from datetime import datetime
 from schemas.events import Forget, ForgetScope, MemoryForgotten
 from services import ids, metrics
 from services.domain import ChangeSet, Edge, EdgeKind, Erasure, Triplet, Vertex, VertexKind, thesis_marks, with_marks
+from services.embeddings import CachedEmbedder
 from services.logging import get_logger
 from services.memorize.builder import MERGED, ChangeSetBuilder, Source, merged_facts, valid_from_props
 from services.memorize.extraction import Fact, ItemFacts
@@ -249,12 +250,22 @@ class _Plan:
 
 
 class ForgetService:
-    def __init__(self, graph: GraphStore, store: ForgetStore, cache: KeyValueCache | None, embedder: Embedder) -> None:
-        """``embedder``: for facts written again in a remaining source's own words (``_Plan.apply_rewritten``)."""
+    def __init__(
+        self,
+        graph: GraphStore,
+        store: ForgetStore,
+        cache: KeyValueCache | None,
+        embedder: Embedder,
+        *,
+        embeddings: CachedEmbedder | None = None,
+    ) -> None:
+        """``embedder``: for facts written again in a remaining source's own words (``_Plan.apply_rewritten``);
+        ``embeddings``: memorize's per-user embedding cache, whose entries of the user a forget drops."""
         self.graph = graph
         self.store = store
         self.cache = cache
         self.embedder = embedder
+        self.embeddings = embeddings
 
     async def forget(self, tombstone: Forget, source_topic: str) -> MemoryForgotten:
         user = tombstone.user_id
@@ -282,6 +293,8 @@ class ForgetService:
         cached = 0
         if self.cache is not None:
             cached = await self.cache.forget(user, None if plan is None else erasure.event_ids)
+        if self.embeddings is not None:  # the vectors of the user's texts, kept in memory: all of them go
+            self.embeddings.forget_user(user)
         outcome = MemoryForgotten(
             event_id=tombstone.event_id,
             user_id=user,
