@@ -437,3 +437,14 @@ def test_a_document_calling_itself_document_is_its_title() -> None:
     )
     untitled = ExtractionInput(items=[Item(None, text, T, document=True)])
     assert ExtractTask().parse(json.dumps(out), untitled)[0].facts == []  # no title: nothing it could mean
+
+
+@pytest.mark.parametrize(("obj", "kept"), [("February", ""), ("last week", ""), ("2023", ""), ("Siemens", "Siemens")])
+def test_an_object_that_is_only_a_time_is_no_entity(obj: str, kept: str) -> None:
+    """Seen in a new-user trial: "Anna quit Siemens in February" with object "February" made February an entity."""
+    from services.memorize.attribution import Speakers, check_fact
+
+    said = "I quit Siemens in February, last week I started at St. Mary's."
+    item = Item("Anna", said, datetime(2024, 3, 2, tzinfo=UTC))
+    checked = check_fact("Anna", "Anna quit Siemens in February.", "quit", obj, item, Speakers(("Anna", "Ben")))
+    assert isinstance(checked, tuple) and checked[2] == kept

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from services.memorize.chunking import sentences
 from services.memorize.facts import ExtractionInput, Item
+from services.memorize.when import is_time_phrase
 
 _FIRST = {"i", "me", "my", "mine", "myself", "speaker", "the speaker"}
 _SECOND = {"you", "your", "yours", "yourself", "listener"}
@@ -155,6 +156,8 @@ def check_fact(
     obj = " ".join(obj.split())
     if obj.casefold() in _NOTHING or not (_content(obj) & (_content(item.text) | _content(text))):
         obj = ""  # an object the message does not name would be a hallucinated entity
+    elif is_time_phrase(obj):
+        obj = ""  # "Anna quit Siemens in February": February is when, which the thesis's dates carry, not a thing
     if _SPEECH_ACT.match(text) and (any(n != subject and n in text for n in speakers.names) or text.count(subject) > 1):
         # "Anna thanks Ben", "Ben asked Anna about ...", or a pronoun rewritten into "Ben asked Ben": the
         # conversation, not a memory

@@ -267,3 +267,13 @@ def _point(text: str, said_at: datetime, future: bool) -> tuple[date, date] | No
             # a bare weekday said in the past tense means the last one, never today
             return day, day
     return None
+
+
+def is_time_phrase(text: str) -> bool:
+    """Whether ``text`` is nothing but a time ("February", "last week", "May 7", "2023"), alone or after "in" or
+    "on": a fact's time, which its dates carry, never an entity of the graph."""
+    text = " ".join(text.split())
+    return bool(text) and any(
+        any(phrase.casefold() == candidate.casefold() for phrase, _ in time_words(candidate))
+        for candidate in (text, f"in {text}", f"on {text}")
+    )
