@@ -179,6 +179,7 @@ class AnswerStatus(StrEnum):
     ANSWERED = "answered"
     NO_ANSWER = "no_answer"
     ERROR = "error"
+    CANCELLED = "cancelled"
 
 
 class EvidenceTriplet(BaseModel):
@@ -237,6 +238,30 @@ class Answer(Event):
         )
 
 
+class AnswerText(Event):
+    """The answer's text so far, while the model writes it (on the answer-text topic). ``text`` is whole, not a
+    delta: a lost or repeated event never garbles what a reader shows, and a retried call starts again from "".
+    The ``Answer`` event that follows is the answer; these are only its preview."""
+
+    kind: Literal["answer_text"] = "answer_text"
+    query_id: str
+    seq: int = Field(ge=1, description="Orders one query's text events: a reader keeps the highest seen.")
+    text: str
+
+
+class QueryCancel(Event):
+    """Stop answering a query (on the query-control topic): its asker deleted it, or went away."""
+
+    kind: Literal["query_cancel"] = "query_cancel"
+    query_id: str
+    reason: Literal["deleted", "disconnected"]
+
+    @classmethod
+    def of(cls, query_id: str, user_id: str, reason: Literal["deleted", "disconnected"]) -> QueryCancel:
+        now = utcnow()
+        return cls(event_id=f"cancel_{query_id}", user_id=user_id, event_time=now, query_id=query_id, reason=reason)
+
+
 class DeadLetter(BaseModel):
     """An input that could not be processed, kept with the reason. ``user_id`` may be unknown for garbage input."""
 
@@ -265,5 +290,7 @@ CONTRACTS: dict[str, type[BaseModel]] = {
     "query": Query,
     "stage_event": StageEvent,
     "answer": Answer,
+    "answer_text": AnswerText,
+    "query_cancel": QueryCancel,
     "dead_letter": DeadLetter,
 }

@@ -81,6 +81,14 @@ QA_STAGE_LATENCY = Histogram(
 )
 QA_LATENCY = Histogram("memstream_qa_seconds", "Question to answer latency", buckets=_LATENCY)
 QA_ANSWERS = Counter("memstream_qa_answers_total", "Answers by outcome", ["status"])
+QA_FIRST_TEXT = Histogram(
+    "memstream_qa_first_text_seconds", "From a query's start to the first answer text streamed", buckets=_LATENCY
+)
+QA_CANCELLED = Counter(
+    "memstream_qa_cancelled_total",
+    "Queries cancelled: deleted by their asker or left by a disconnected one; `when` says whether LLM work was stopped",
+    ["reason", "when"],
+)
 RETRIEVAL_SIZE = Histogram(
     "memstream_retrieval_triplets", "Triplets retrieved per call", ["retriever"], buckets=(0, 1, 5, 10, 20, 50, 100)
 )

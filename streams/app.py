@@ -20,6 +20,7 @@ import faust
 
 from services.container import Services
 from services.settings import Settings
+from streams.cancels import Cancellations
 from streams.handlers import MemorizeHandler, QAHandler, Record
 from streams.holdback import Holdback
 from streams.kafka_security import kafka_ssl_context, sasl_credentials
@@ -84,12 +85,19 @@ def faust_options(settings: Settings, bootstrap: str, web_port: int | None = Non
     }
 
 
-def create_app(settings: Settings, bootstrap: str, services: Services, web_port: int | None = None) -> faust.App:
+def create_app(
+    settings: Settings,
+    bootstrap: str,
+    services: Services,
+    web_port: int | None = None,
+    cancels: Cancellations | None = None,
+) -> faust.App:
+    """``cancels``: the queries cancelled, fed from the query-control topic (``streams.cancels.CancelFeed``)."""
     topics = TopicNames.from_settings(settings)
     app = faust.App(settings.consumer_group, **faust_options(settings, bootstrap, web_port))
     publisher = FaustPublisher(app)
     memorize_handler = MemorizeHandler(services.memorize, publisher, topics, services.forget)
-    qa_handler = QAHandler(services.qa, publisher, topics)
+    qa_handler = QAHandler(services.qa, publisher, topics, cancels)
 
     memory_events = app.topic(topics.chat, topics.documents, key_serializer="raw", value_serializer="raw")
     queries = app.topic(topics.queries, key_serializer="raw", value_serializer="raw")

@@ -9,6 +9,7 @@ whatever fails becomes a dead letter and the worker keeps going.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -18,6 +19,7 @@ from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 from schemas.events import (
     Answer,
     AnswerStatus,
+    AnswerText,
     ChatMessage,
     DeadLetter,
     Document,
@@ -26,12 +28,15 @@ from schemas.events import (
     MemoryForgotten,
     MemoryUpdate,
     Query,
+    QueryCancel,
     StageEvent,
 )
 from services import metrics
 from services.llm.layers import TRANSIENT_ERRORS
 from services.logging import get_logger
 from services.observability.context import bind, log_context
+from streams.answer_text import TextRelay
+from streams.cancels import Cancellations
 from streams.codec import (
     INVALID_EVENT,
     PROCESSING_FAILED,
@@ -84,7 +89,12 @@ class Forgetter(Protocol):
 
 
 class Answerer(Protocol):
-    async def answer(self, query: Query, emit: Callable[[StageEvent], Awaitable[None]] | None = None) -> Answer: ...
+    async def answer(
+        self,
+        query: Query,
+        emit: Callable[[StageEvent], Awaitable[None]] | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Answer: ...
 
 
 async def publish_reliably(publisher: Publisher, topic: str, key: bytes | None, value: bytes) -> bool:
@@ -257,12 +267,18 @@ class MemorizeHandler:
 
 
 class QAHandler:
-    """Queries -> QA service -> stage events while it works, then the answer."""
+    """Queries -> QA service -> stage events and the answer's text while it works, then the answer.
 
-    def __init__(self, answerer: Answerer, publisher: Publisher, topics: TopicNames) -> None:
+    A query cancelled (``cancels``) while it is answered stops at the model's next token; one cancelled before it
+    was taken up is not started. Either way its answer event says ``cancelled``, so no reader waits in vain."""
+
+    def __init__(
+        self, answerer: Answerer, publisher: Publisher, topics: TopicNames, cancels: Cancellations | None = None
+    ) -> None:
         self.answerer = answerer
         self.publisher = publisher
         self.topics = topics
+        self.cancels = cancels or Cancellations()
 
     async def handle(self, record: Record) -> None:
         query = await decoded(self.publisher, self.topics, record, Query)
@@ -278,9 +294,38 @@ class QAHandler:
             bind(trace_id=stage.trace_id)  # known from the first stage on; log_context drops it after the query
             await publish_reliably(self.publisher, self.topics.stages, key, encode(stage))
 
+        async def publish_text(text: AnswerText) -> None:
+            if self.topics.answer_text:
+                await self.publisher.publish(self.topics.answer_text, key, encode(text))
+
+        early = self.cancels.cancelled(query.query_id)
+        if early is not None:
+            answer = cancelled_answer(query, early, started=False)
+        else:
+            answer = await self._run(query, record, emit, TextRelay(query, publish_text))
+        await publish_reliably(self.publisher, self.topics.answers, key, encode(answer))
+
+    async def _run(
+        self, query: Query, record: Record, emit: Callable[[StageEvent], Awaitable[None]], relay: TextRelay
+    ) -> Answer:
+        """The answer, in a task of its own that a cancel can stop without touching the agent that runs this."""
+        job: asyncio.Task[Answer] = asyncio.create_task(self.answerer.answer(query, emit, relay))
+        self.cancels.running(query.query_id, job)
         try:
-            answer = await self.answerer.answer(query, emit)
-        except Exception as exc:
+            await asyncio.wait({job})
+        finally:
+            self.cancels.finished(query.query_id)
+            if not job.done():  # this agent itself is being stopped: the answering goes with it
+                job.cancel()
+                await relay.abort()
+        cancel = self.cancels.cancelled(query.query_id)
+        if job.cancelled() and cancel is not None:
+            await relay.abort()
+            return cancelled_answer(query, cancel, started=True)
+        await relay.close()
+        try:
+            answer = job.result()
+        except (Exception, asyncio.CancelledError) as exc:
             log.exception("qa_failed", query_id=query.query_id, user_id=query.user_id)
             letter = dead_letter(
                 source_topic=record.topic,
@@ -294,8 +339,19 @@ class QAHandler:
             # whoever waits for this query gets an answer that says it failed, not a timeout
             answer = error_answer(query, repr(exc))
             metrics.QA_ANSWERS.labels(status=answer.status.value).inc()  # the QA service counted none
-        await publish_reliably(self.publisher, self.topics.answers, key, encode(answer))
+        if relay.first_text_s is not None:
+            log.info("answer_streamed", first_text_s=round(relay.first_text_s, 2))
+        return answer
 
 
 def error_answer(query: Query, error: str) -> Answer:
     return Answer.to(query, answer="", status=AnswerStatus.ERROR, error=error[:2000])
+
+
+def cancelled_answer(query: Query, cancel: QueryCancel, started: bool) -> Answer:
+    """The answer event of a cancelled query: readers waiting for it learn why it ended."""
+    when = "answering" if started else "before_start"
+    metrics.QA_CANCELLED.labels(reason=cancel.reason, when=when).inc()
+    metrics.QA_ANSWERS.labels(status=AnswerStatus.CANCELLED.value).inc()
+    log.info("query_cancelled", reason=cancel.reason, when=when)
+    return Answer.to(query, answer="", status=AnswerStatus.CANCELLED, error=f"cancelled: {cancel.reason}")

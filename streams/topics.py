@@ -25,6 +25,10 @@ class TopicNames:
     stages: str
     answers: str
     dead_letters: str
+    #: the answer's text while it is written (``AnswerText``): a preview for streaming readers
+    answer_text: str = ""
+    #: cancellations of queries being answered (``QueryCancel``), read by every worker
+    query_control: str = ""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TopicNames:
@@ -36,10 +40,12 @@ class TopicNames:
             stages=settings.topic("stages"),
             answers=settings.topic("answers"),
             dead_letters=settings.topic("dead-letters"),
+            answer_text=settings.topic("answer-text"),
+            query_control=settings.topic("query-control"),
         )
 
     def all(self) -> list[str]:
-        return list(astuple(self))
+        return [name for name in astuple(self) if name]
 
 
 async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:

@@ -1,8 +1,9 @@
 """The trace assembler's input: a consumer without a group (every gateway sees every trace, and there is no group
-join to wait for) reading the queries, stages and answers topics from the earliest offset into a ``TraceStore``.
+join to wait for) reading the queries, stages, answer-text and answers topics from the earliest offset into a
+``TraceStore``.
 
-Within one fetch, queries go first, then stages, then answers: the QA agent publishes a query's stages before its
-answer, so a follower sees the stages before the answer that ends its stream.
+Within one fetch, queries go first, then stages, then the answer's text, then answers: the QA agent publishes a
+query's stages and text before its answer, so a follower sees them before the answer that ends its stream.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import ConsumerRecord
 
-from schemas.events import Answer, Query, StageEvent
+from schemas.events import Answer, AnswerText, Query, StageEvent
 from services.observability import metrics
 from services.observability.traces import TraceStore
 from services.settings import Settings
@@ -27,7 +28,7 @@ class TraceFeed(TopicFeed):
     """Consumes queries, stage events and answers into ``store`` until stopped."""
 
     def __init__(self, bootstrap: str, topics: TopicNames, store: TraceStore, settings: Settings | None = None) -> None:
-        names = (topics.queries, topics.stages, topics.answers)
+        names = tuple(n for n in (topics.queries, topics.stages, topics.answer_text, topics.answers) if n)
         super().__init__(bootstrap, names, client_id="memstream-gateway-traces", name="trace-feed", settings=settings)
         self.topics = topics
         self.store = store
@@ -45,6 +46,7 @@ class TraceFeed(TopicFeed):
             by_topic.get(self.topics.queries, []),
             by_topic.get(self.topics.stages, []),
             by_topic.get(self.topics.answers, []),
+            by_topic.get(self.topics.answer_text, []),
         )
 
     def consume(
@@ -52,11 +54,14 @@ class TraceFeed(TopicFeed):
         queries: Sequence[ConsumerRecord[bytes, bytes]],
         stages: Sequence[ConsumerRecord[bytes, bytes]],
         answers: Sequence[ConsumerRecord[bytes, bytes]],
+        texts: Sequence[ConsumerRecord[bytes, bytes]] = (),
     ) -> None:
         for query in decode_records(queries, Query, "trace_feed"):
             self.store.add_query(query)
         for stage in decode_records(stages, StageEvent, "trace_feed"):
             self.add_stage(stage)
+        for text in decode_records(texts, AnswerText, "trace_feed"):
+            self.store.add_text(text)
         for answer in decode_records(answers, Answer, "trace_feed"):
             self.store.add_answer(answer)
 

@@ -13,7 +13,8 @@ from services.logging import get_logger
 from services.ports import LLM
 from services.settings import Settings
 from streams.app import create_app
-from streams.topics import ensure_topics
+from streams.cancels import CancelFeed, Cancellations
+from streams.topics import TopicNames, ensure_topics
 
 log = get_logger(__name__)
 STOP_TIMEOUT_S = 8.0
@@ -53,8 +54,11 @@ async def run_worker(
     await wait_for_kafka(servers, settings=settings)
     await ensure_topics(settings, servers)
     services = await build_services(settings, llm)
+    cancels = Cancellations()
+    cancel_feed = CancelFeed(servers, TopicNames.from_settings(settings).query_control, cancels, settings)
     try:
-        app = create_app(settings, servers, services, web_port)
+        await cancel_feed.start()
+        app = create_app(settings, servers, services, web_port, cancels)
         if stop is None:
             # our own signal handling: faust's stops the loop from inside and left workers hanging at exit
             stop = asyncio.Event()
@@ -76,5 +80,6 @@ async def run_worker(
             except TimeoutError:
                 log.warning("worker_stop_timeout", timeout_s=STOP_TIMEOUT_S)
     finally:
+        await cancel_feed.stop()
         await services.close()
         log.info("worker_stopped")

@@ -89,6 +89,8 @@ class CachedLLM(LLMLayer):
                 log.warning("llm_cache_corrupt", task=request.task, key=key)
             else:
                 LLM_CACHE.labels(request.task, "hit").inc()
+                if request.on_text is not None:
+                    request.on_text(hit.text)  # a listener sees a cached answer too, all at once
                 return hit.model_copy(update={"cached": True})
         LLM_CACHE.labels(request.task, "miss").inc()
         response = await self.inner.complete(request)

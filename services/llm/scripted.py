@@ -22,7 +22,9 @@ CALLS_KEPT = 1000
 class ScriptedLLM(LLM):
     """Replies per task name: a queue of canned replies, or a function of the request.
 
-    ``delay_s`` simulates model latency; ``calls`` records every request for assertions.
+    ``delay_s`` simulates model latency; ``calls`` records every request for assertions. A request with an
+    ``on_text`` listener gets its reply in pieces of ``piece_chars``, ``piece_delay_s`` apart, as a model decodes;
+    ``pieces_sent`` counts them (a cancelled call stops sending).
     """
 
     def __init__(
@@ -30,11 +32,16 @@ class ScriptedLLM(LLM):
         responders: dict[str, Responder] | None = None,
         model: str = "scripted",
         delay_s: float = 0.0,
+        piece_chars: int = 4,
+        piece_delay_s: float = 0.0,
     ) -> None:
         self.model = model
         self.responders: dict[str, Responder] = dict(responders or {})
         self.queues: dict[str, deque[str]] = defaultdict(deque)
         self.delay_s = delay_s
+        self.piece_chars = max(1, piece_chars)
+        self.piece_delay_s = piece_delay_s
+        self.pieces_sent = 0
         # the latest requests, for tests to inspect; bounded, since a soak or a demo worker runs it for hours
         self.calls: deque[LLMRequest] = deque(maxlen=CALLS_KEPT)
         self.in_flight = 0
@@ -61,10 +68,18 @@ class ScriptedLLM(LLM):
                 text = reply if isinstance(reply, str) else json.dumps(reply)
             else:
                 raise LookupError(f"scripted LLM has no reply for task {request.task!r}")
+            if request.on_text is not None:
+                await self._stream(text, request.on_text)
         finally:
             self.in_flight -= 1
         prompt = sum(len(m.content) for m in request.messages)
         return LLMResponse(text=text, model=self.model, tokens_in=prompt // 4, tokens_out=len(text) // 4)
+
+    async def _stream(self, text: str, on_text: Callable[[str], None]) -> None:
+        for end in range(self.piece_chars, len(text) + self.piece_chars, self.piece_chars):
+            await asyncio.sleep(self.piece_delay_s)  # the model's time per piece; a cancel lands here
+            on_text(text[:end])
+            self.pieces_sent += 1
 
 
 def load_scripted_llm(spec: str) -> LLM:

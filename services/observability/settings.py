@@ -14,3 +14,8 @@ class ObservabilitySettings(BaseSettings):
     lag_interval_s: float = Field(default=5.0, ge=0.0, description="consumer lag sampling period; 0: off")
     stream_heartbeat_s: float = Field(default=15.0, gt=0.0, description="SSE keep-alive period")
     stream_max_s: float = Field(default=900.0, gt=0.0, description="longest a trace stream stays open")
+    cancel_grace_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        description="an answer stream that disconnects cancels its query after this long without another reader",
+    )

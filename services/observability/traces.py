@@ -20,13 +20,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from schemas.events import Answer, AnswerStatus, EvidenceTriplet, Query, StageEvent, StageStatus
+from schemas.events import Answer, AnswerStatus, AnswerText, EvidenceTriplet, Query, StageEvent, StageStatus
 
-TraceStatus = Literal["waiting", "running", "answered", "no_answer", "error"]
+TraceStatus = Literal["waiting", "running", "answered", "no_answer", "error", "cancelled"]
 _STATUS: dict[AnswerStatus, TraceStatus] = {
     AnswerStatus.ANSWERED: "answered",
     AnswerStatus.NO_ANSWER: "no_answer",
     AnswerStatus.ERROR: "error",
+    AnswerStatus.CANCELLED: "cancelled",
 }
 
 
@@ -138,6 +139,7 @@ class Trace(Span):
     timeline: list[StageRun] = Field(default_factory=list, description="every stage run, in arrival order")
     llm_by_stage: dict[str, LLMUsage] = Field(default_factory=dict)
     answer: Answer | None = None
+    answer_text: str = Field(default="", description="the answer's text as far as the model has written it")
     final_evidence: list[EvidenceTriplet] = Field(default_factory=list)
 
     @property
@@ -261,6 +263,7 @@ def assemble(
     query: Query | None = None,
     answer: Answer | None = None,
     user_id: str | None = None,
+    text: str = "",
 ) -> Trace:
     """The trace of one query from whatever has arrived so far.
 
@@ -269,7 +272,7 @@ def assemble(
     """
     runs = list(runs)
     trace_id = answer.trace_id if answer is not None else (runs[-1].trace_id if runs else None)
-    trace = Trace(query_id=query_id, trace_id=trace_id, user_id=user_id)
+    trace = Trace(query_id=query_id, trace_id=trace_id, user_id=user_id, answer_text=text)
     if query is not None:
         trace.user_id, trace.question, trace.asked_at = query.user_id, query.question, query.ingest_time
         trace.as_of = query.as_of
@@ -280,6 +283,7 @@ def assemble(
         trace.user_id = trace.user_id or answer.user_id
         trace.question = trace.question or answer.question
         trace.answer = answer
+        trace.answer_text = answer.answer
         trace.answered_at = answer.ingest_time
         trace.final_evidence = list(answer.evidence)
         trace.status = _STATUS[answer.status]
@@ -290,9 +294,20 @@ def assemble(
 
 # -- the store --------------------------------------------------------------------------------------------------------
 
-UpdateKind = Literal["query", "stage", "answer"]
+UpdateKind = Literal["query", "stage", "text", "answer"]
 #: ``(query_id, user_id, when, content) -> True`` for a record that must not be kept (see ``ForgetLedger``)
 Refuse = Callable[[str, str | None, datetime, object], bool]
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    """What the answer's text gained: ``delta`` appended, or (``reset``, a retried call) the whole text anew."""
+
+    delta: str
+    reset: bool = False
+
+    def applied(self, text: str) -> str:
+        return self.delta if self.reset else text + self.delta
 
 
 @dataclass(frozen=True)
@@ -301,7 +316,7 @@ class Update:
 
     seq: int
     kind: UpdateKind
-    data: Query | StageRun | Answer
+    data: Query | StageRun | TextPiece | Answer
 
 
 @dataclass
@@ -313,8 +328,10 @@ class _Entry:
     runs: list[StageRun] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
     updates: list[Update] = field(default_factory=list)
+    text: str = ""
+    text_seq: int = 0
 
-    def push(self, kind: UpdateKind, data: Query | StageRun | Answer) -> Update:
+    def push(self, kind: UpdateKind, data: Query | StageRun | TextPiece | Answer) -> Update:
         update = Update(len(self.updates) + 1, kind, data)
         self.updates.append(update)
         return update
@@ -387,6 +404,25 @@ class TraceStore:
         self._changed()
         return run
 
+    def add_text(self, text: AnswerText) -> TextPiece | None:
+        """Record the answer's text so far; ``None`` if it adds nothing (older than what is held, a duplicate, or
+        after the answer) or is refused. Updates hold what changed, so a long answer costs its length once."""
+        if self._refused(text.query_id, text.user_id, text.ingest_time, text.text):
+            return None
+        entry = self._entry(text.query_id)
+        if entry.answer is not None or text.seq <= entry.text_seq:
+            return None
+        entry.text_seq = text.seq
+        entry.user_id = entry.user_id or text.user_id
+        grown = text.text.startswith(entry.text)
+        piece = TextPiece(text.text[len(entry.text) :] if grown else text.text, reset=not grown)
+        entry.text = text.text
+        if not piece.delta and not piece.reset:
+            return None
+        entry.push("text", piece)
+        self._changed()
+        return piece
+
     def add_answer(self, answer: Answer) -> None:
         if self._refused(answer.query_id, answer.user_id, answer.ingest_time, answer):
             return
@@ -405,7 +441,7 @@ class TraceStore:
         entry = self._entries.get(query_id)
         if entry is None:
             return None
-        return assemble(query_id, entry.runs, entry.query, entry.answer, entry.user_id)
+        return assemble(query_id, entry.runs, entry.query, entry.answer, entry.user_id, entry.text)
 
     async def follow(
         self, query_id: str, after: int = 0, heartbeat_s: float = 15.0

@@ -21,11 +21,12 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from pydantic import BaseModel
 
 from memstream.broker import wait_for_kafka
-from schemas.events import DeadLetter, Event
+from schemas.events import DeadLetter, Event, QueryCancel
 from services.backends import BackendUnavailable
 from services.domain import Stats
 from services.logging import get_logger
 from services.observability.context import bind
+from services.observability.settings import ObservabilitySettings
 from services.settings import Settings
 from streams.codec import encode, user_key
 from streams.gateway import inputs
@@ -54,6 +55,7 @@ from streams.gateway.forget import (
 from streams.gateway.graph import LazyStores
 from streams.gateway.limits import BodyLimitMiddleware
 from streams.gateway.observability import install as install_observability
+from streams.gateway.questions import AnswerStreams, question_router
 from streams.kafka_security import kafka_client_options
 from streams.outbox import Outbox, OutboxRecord, OutboxRelay
 from streams.topics import TopicNames, ensure_topics
@@ -321,7 +323,14 @@ def create_app(
     app.include_router(keys_router(authenticator.keys))
 
     # traces (JSON and SSE), the graph neighbourhood, the web page at /, the request log context, the lag sensor
-    install_observability(app, settings, servers)
+    obs = ObservabilitySettings()
+    install_observability(app, settings, servers, obs)
     purger.traces = app.state.traces
+
+    async def send_cancel(cancel: QueryCancel) -> None:
+        await produce(topics.query_control, [cancel])
+
+    # answers as they are written (SSE, WebSocket) and questions taken back, over the traces' view of the topics
+    app.include_router(question_router(AnswerStreams(app.state.traces, send_cancel, obs)))
     ledger.guard(book, dead_letter_feed, app.state.traces)
     return app

@@ -181,15 +181,22 @@ class AuthMiddleware:
         self.authenticator = authenticator
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or is_open(scope["path"], self.authenticator.settings):
+        kind = scope["type"]
+        if kind not in ("http", "websocket") or is_open(scope["path"], self.authenticator.settings):
             await self.app(scope, receive, send)
             return
-        header = dict(scope.get("headers") or []).get(b"authorization")
+        headers = dict(scope.get("headers") or [])
+        header = headers.get(b"authorization")
+        if header is None and kind == "websocket":
+            header = _subprotocol_bearer(headers.get(b"sec-websocket-protocol", b""))
         try:
             principal = await self.authenticator.principal(header.decode("latin-1") if header else None)
         except Unauthenticated as exc:
             AUTH_FAILURES.labels(why=exc.reason).inc()
             log.info("auth_refused", why=exc.reason, path=scope["path"])
+            if kind == "websocket":  # closed before the handshake completes: the client sees an HTTP 403
+                await send({"type": "websocket.close", "code": 1008, "reason": exc.why[:120]})
+                return
             challenge = 'Bearer realm="memstream"' + ("" if exc.reason == "missing" else ', error="invalid_token"')
             response = JSONResponse(
                 status_code=401, content={"detail": exc.why}, headers={"WWW-Authenticate": challenge}
@@ -199,6 +206,16 @@ class AuthMiddleware:
         scope.setdefault("state", {})["principal"] = principal
         bind(credential=principal.id)
         await self.app(scope, receive, send)
+
+
+def _subprotocol_bearer(offered: bytes) -> bytes | None:
+    """A browser's WebSocket cannot send headers: it offers the subprotocols ``memstream, bearer.<token>`` instead
+    (the token never lands in a URL, so not in logs or history)."""
+    for item in offered.split(b","):
+        item = item.strip()
+        if item.startswith(b"bearer."):
+            return b"Bearer " + item[len(b"bearer.") :]
+    return None
 
 
 def require(action: Action) -> Callable[[Request], Principal]:

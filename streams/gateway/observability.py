@@ -24,7 +24,7 @@ from services.logging import get_logger
 from services.observability import metrics
 from services.observability.context import log_context
 from services.observability.settings import ObservabilitySettings
-from services.observability.traces import Trace, TraceStore
+from services.observability.traces import TextPiece, Trace, TraceStore
 from services.qa.stages import Stage
 from services.settings import Settings
 from streams.gateway import inputs
@@ -128,7 +128,8 @@ def observability_router(
         user_id: str | None = None,
         last_event_id: str | None = Header(default=None),
     ) -> AsyncIterable[ServerSentEvent]:
-        """Server-sent events while the query is answered: ``query``, ``stage`` (one per stage run), ``answer``,
+        """Server-sent events while the query is answered: ``query``, ``stage`` (one per stage run), ``text`` (the
+        answer as the model writes it: ``delta``, whole ``text``, ``reset``), ``answer``,
         then ``end`` with the whole trace (``forgotten`` instead, when the memory it drew on is forgotten meanwhile).
         Subscribing late replays what happened so far; ``Last-Event-ID`` resumes after that event."""
         if user_id is not None:
@@ -136,6 +137,7 @@ def observability_router(
         after = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
         deadline = asyncio.get_running_loop().time() + obs.stream_max_s
         outcome = "disconnected"
+        text = ""
         with log_context(query_id=query_id, user_id=user_id):
             log.info("trace_stream_opened", after=after)
             try:
@@ -152,7 +154,11 @@ def observability_router(
                             return
                         yield ServerSentEvent(comment="keep-alive")
                         continue
-                    yield ServerSentEvent(event=update.kind, id=str(update.seq), data=update.data)
+                    data: Any = update.data
+                    if isinstance(data, TextPiece):  # the answer as far as it is written
+                        text = data.applied(text)
+                        data = {"delta": data.delta, "text": text, "reset": data.reset}
+                    yield ServerSentEvent(event=update.kind, id=str(update.seq), data=data)
                 trace = store.get(query_id)
                 if trace is None:  # forgotten while followed: nothing of it is shown any more
                     outcome = "forgotten"

@@ -12,6 +12,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -123,10 +124,15 @@ class Engine:
         log.info("llm_loaded", path=str(config.model_path), load_s=round(self.load_s, 2), slots=config.n_parallel)
 
     def chat(
-        self, payload: dict[str, Any], cancel: threading.Event | None = None, progress: Progress | None = None
+        self,
+        payload: dict[str, Any],
+        cancel: threading.Event | None = None,
+        progress: Progress | None = None,
+        on_text: Callable[[str], None] | None = None,
     ) -> Completion:
         """Run one chat completion (blocking). Streams internally so ``cancel`` can stop it between tokens;
-        ``progress`` is stamped when the engine starts on it and at every chunk, for a stall watchdog."""
+        ``progress`` is stamped when the engine starts on it and at every chunk, for a stall watchdog; ``on_text``
+        gets the text so far at every new piece, on the engine's thread."""
         result = Completion()
         if progress is not None:
             progress.started = progress.last = time.monotonic()
@@ -151,6 +157,8 @@ class Engine:
                     # reasoning_content (a parsed think block) is deliberately ignored: only the answer counts
                     if delta.get("content"):
                         pieces.append(delta["content"])
+                        if on_text is not None:
+                            on_text("".join(pieces))
                     if choice.get("finish_reason"):
                         result.finish_reason = choice["finish_reason"]
                 if chunk.get("timings"):
@@ -287,7 +295,8 @@ class LlamaCppLLM(LLM):
         cancel = threading.Event()
         prompt_tokens = sum(len(m.content) for m in request.messages) / 4  # about 4 characters a token
         progress = Progress(prompt_allowance_s=prompt_tokens / MIN_PROMPT_TOKENS_PER_S)
-        job = asyncio.ensure_future(asyncio.to_thread(engine.chat, self.payload(request), cancel, progress))
+        listener = _on_loop(request.on_text)
+        job = asyncio.ensure_future(asyncio.to_thread(engine.chat, self.payload(request), cancel, progress, listener))
         try:
             done = await self._watch(job, progress)
         finally:
@@ -318,6 +327,18 @@ class LlamaCppLLM(LLM):
             if idle > limit:
                 job.add_done_callback(lambda f: f.exception())  # the thread stops at its next token; reap it
                 raise TimeoutError(f"local model made no progress for {idle:.0f} s (stall limit {limit:.0f} s)")
+
+
+def _on_loop(on_text: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """``on_text`` called on this event loop from the engine's thread: listeners are loop code (they start tasks)."""
+    if on_text is None:
+        return None
+    loop = asyncio.get_running_loop()
+
+    def relay(text: str) -> None:
+        loop.call_soon_threadsafe(on_text, text)
+
+    return relay
 
 
 _WATCH_INTERVAL_S = 1.0  # how often a running call is checked for progress

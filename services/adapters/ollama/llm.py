@@ -62,6 +62,8 @@ class OllamaLLM(LLM):
             stream=True,
         ):
             pieces.append(chunk.message.content or "")
+            if request.on_text is not None and chunk.message.content:
+                request.on_text("".join(pieces))
             last = chunk
         if last is None:
             raise ConnectionError(f"Ollama at {self.host} closed the stream without a response")
