@@ -101,7 +101,8 @@ class AnswerStreams:
             self.readers[query_id] -= 1
             if not self.readers[query_id]:
                 del self.readers[query_id]
-            if cancel_on_disconnect and self.unanswered(query_id) and principal.can(Action.ASK):
+            mine = self.owner_visible(query_id, principal) is not None
+            if cancel_on_disconnect and mine and principal.can(Action.ASK) and self.unanswered(query_id):
                 task = asyncio.get_running_loop().create_task(self._cancel_if_abandoned(query_id))
                 self._pending.add(task)
                 task.add_done_callback(self._pending.discard)
@@ -235,5 +236,7 @@ async def _client_messages(websocket: WebSocket, streams: AnswerStreams, query_i
             except ValueError:  # not JSON: said to the client, the stream goes on
                 await websocket.send_json({"type": "error", "detail": 'send JSON, e.g. {"type": "cancel"}'})
                 continue
-            if isinstance(message, dict) and message.get("type") == "cancel" and principal.can(Action.ASK):
+            if not (isinstance(message, dict) and message.get("type") == "cancel"):
+                continue
+            if principal.can(Action.ASK) and streams.owner_visible(query_id, principal) is not None:
                 await streams.send_cancel(query_id, "deleted")
