@@ -459,8 +459,11 @@ def ask(
     url: UrlOption = None,
     key: KeyOption = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the answer")] = 300.0,
+    stream: Annotated[
+        bool, typer.Option("--stream/--no-stream", help="print the answer as it is written (Ctrl-C cancels it)")
+    ] = True,
 ) -> None:
-    """Ask a question about a user's memory and print the answer."""
+    """Ask a question about a user's memory and print the answer as it is written."""
     from streams.gateway.client import GatewayClient, GatewayError
 
     settings = _settings()
@@ -474,20 +477,49 @@ def ask(
     fields: dict[str, Any] = {"options": {k: v for k, v in options.items() if v is not None}}
     if as_of is not None:
         fields["as_of"] = as_of if "T" in as_of else f"{as_of}T00:00:00Z"
+    printed = ""
     with GatewayClient(_url(settings, url), api_key=key) as client:
         try:
             query_id = client.ask(user, question, **fields)
             if trace:
                 _print_trace(client, query_id, user, timeout)
+            if stream and not as_json:
+                try:
+                    printed = _print_streamed(client, query_id, timeout)
+                except GatewayError as exc:  # the answer is still waited for below
+                    typer.echo(f"(the answer could not stream: {exc}; waiting for it whole)", err=True)
+                except KeyboardInterrupt:  # the asker gave up: the model stops at its next token
+                    with contextlib.suppress(GatewayError):
+                        client.cancel(query_id)
+                    typer.echo("\ncancelled", err=True)
+                    raise typer.Exit(130) from None
             answer = client.wait_answer(query_id, timeout)
         except GatewayError as exc:
             raise _fail(str(exc)) from exc
     if as_json:
         typer.echo(json.dumps(answer, indent=2, ensure_ascii=False))
-    else:
-        typer.echo(answer["answer"] if answer.get("status") != "error" else f"error: {answer.get('error')}")
-    if answer.get("status") == "error":
+    elif answer.get("status") in ("error", "cancelled"):
+        typer.echo(f"{answer['status']}: {answer.get('error')}", err=True)
+    elif answer["answer"] != printed:  # not streamed, or revised after the text streamed
+        typer.echo(answer["answer"])
+    if answer.get("status") in ("error", "cancelled"):
         raise typer.Exit(2)
+
+
+def _print_streamed(client: Any, query_id: str, timeout: float) -> str:
+    """Print the answer's text as the model writes it; returns what stands printed (a line of its own), "" when
+    nothing streamed. A retried call that starts again goes on a new line."""
+    shown = ""
+    for event, data in client.answer_events(query_id, timeout):
+        if event != "text":
+            break
+        if data["reset"] and shown:
+            typer.echo("")
+        typer.echo(data["delta"], nl=False)  # click flushes: each piece shows as it comes
+        shown = data["text"]
+    if shown:
+        typer.echo("")
+    return shown
 
 
 def _print_trace(client: Any, query_id: str, user: str, timeout: float) -> None:

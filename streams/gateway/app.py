@@ -331,6 +331,7 @@ def create_app(
         await produce(topics.query_control, [cancel])
 
     # answers as they are written (SSE, WebSocket) and questions taken back, over the traces' view of the topics
-    app.include_router(question_router(AnswerStreams(app.state.traces, send_cancel, obs)))
+    streams = AnswerStreams(app.state.traces, send_cancel, obs, live=app.state.trace_feed is not None)
+    app.include_router(question_router(streams))
     ledger.guard(book, dead_letter_feed, app.state.traces)
     return app

@@ -204,10 +204,26 @@ class GatewayClient:
 
     def trace_events(self, query_id: str, user_id: str, timeout_s: float) -> Iterator[tuple[str, Any]]:
         """Server-sent trace events of a query as ``(event, data)``, until the stream ends (``end``)."""
-        path = f"/v1/traces/{query_id}/stream"
+        ends = ("end", "timeout", "unavailable", "forgotten")
+        return self._events(f"/v1/traces/{query_id}/stream", {"user_id": user_id}, timeout_s, ends)
+
+    def answer_events(self, query_id: str, timeout_s: float) -> Iterator[tuple[str, Any]]:
+        """The answer as it is written: ``("text", {"delta", "text", "reset"})`` events, then ``("answer", the
+        answer event)``. Leaving early (closing the iterator) cancels the question, as the gateway is told."""
+        ends = ("answer", "timeout", "unavailable", "forgotten")
+        return self._events(f"/v1/questions/{query_id}/stream", {}, timeout_s, ends)
+
+    def cancel(self, query_id: str) -> dict[str, Any]:
+        """Cancel a question still being answered."""
+        result: dict[str, Any] = self._check(self._request("DELETE", f"/v1/questions/{query_id}"))
+        return result
+
+    def _events(
+        self, path: str, params: dict[str, Any], timeout_s: float, ends: tuple[str, ...]
+    ) -> Iterator[tuple[str, Any]]:
         event, data = "message", ""
         try:
-            with self._http.stream("GET", path, params={"user_id": user_id}, timeout=timeout_s) as response:
+            with self._http.stream("GET", path, params=params, timeout=timeout_s) as response:
                 if response.status_code >= 400:
                     response.read()
                     self._check(response)
@@ -218,8 +234,8 @@ class GatewayClient:
                         data += line[5:].strip()
                     elif not line and data:
                         yield event, json.loads(data)
-                        if event in ("end", "timeout", "unavailable", "forgotten"):
+                        if event in ends:
                             return
                         event, data = "message", ""
         except httpx.TransportError as exc:
-            raise GatewayError(f"trace stream of {query_id} broke: {exc}") from exc
+            raise GatewayError(f"stream {path} broke: {exc}") from exc

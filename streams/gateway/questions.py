@@ -40,6 +40,7 @@ ANSWER_STREAMS = Counter(
 CANCELS = Counter("memstream_gateway_cancels_total", "Question cancellations sent to the workers", ["reason"])
 
 Cancel = Callable[[QueryCancel], Awaitable[None]]
+NOT_LIVE = "answer streams need the trace feed, which is off (MEMSTREAM_OBS_TRACES=false)"
 Reason = Literal["deleted", "disconnected"]
 
 
@@ -56,7 +57,9 @@ class Message:
 class AnswerStreams:
     """Follows questions' answers in the trace store; counts each question's readers and cancels an abandoned one."""
 
-    def __init__(self, traces: TraceStore, cancel: Cancel, obs: ObservabilitySettings) -> None:
+    def __init__(self, traces: TraceStore, cancel: Cancel, obs: ObservabilitySettings, live: bool = True) -> None:
+        """``live``: the trace feed fills ``traces`` (off with ``MEMSTREAM_OBS_TRACES=false``: nothing streams)."""
+        self.live = live
         self.traces = traces
         self.cancel = cancel
         self.obs = obs
@@ -160,6 +163,9 @@ def question_router(streams: AnswerStreams) -> APIRouter:
     ) -> AsyncIterator[ServerSentEvent]:
         """Server-sent events of the answer as it is written: ``text`` events, then ``answer``; leaving before the
         answer cancels the question (unless ``cancel_on_disconnect=false``). ``Last-Event-ID`` resumes."""
+        if not streams.live:
+            yield ServerSentEvent(event="unavailable", data={"query_id": query_id, "detail": NOT_LIVE})
+            return
         after = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
         outcome = "disconnected"
         with log_context(query_id=query_id):
@@ -181,6 +187,10 @@ def question_router(streams: AnswerStreams) -> APIRouter:
             return
         offered = websocket.scope.get("subprotocols") or []
         await websocket.accept(subprotocol="memstream" if "memstream" in offered else None)
+        if not streams.live:
+            await websocket.send_json({"type": "unavailable", "query_id": query_id, "detail": NOT_LIVE})
+            await websocket.close()
+            return
         outcome = "disconnected"
         with log_context(query_id=query_id):
             async with streams.reading(query_id, principal, cancel_on_disconnect):
