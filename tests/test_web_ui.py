@@ -157,6 +157,8 @@ def planning_llm() -> ScriptedLLM:
             },
         },
         model="scripted-reader",
+        piece_chars=4,  # answers are written a few characters at a time, as a model decodes
+        piece_delay_s=0.05,
     )
 
 
@@ -368,6 +370,7 @@ def test_asking_on_the_page_shows_live_stages_plan_changes_answer_evidence_and_g
                     graphEdges: document.querySelectorAll('#graph line').length,
                     labels: [...document.querySelectorAll('#graph text')].map(t => t.textContent),
                     events: window.memstreamEvents.map(e => e.kind),
+                    streamed: window.memstreamEvents.filter(e => e.kind === 'text').map(e => e.chars),
                     url: location.search,
                 };
             })()"""
@@ -389,6 +392,9 @@ def test_asking_on_the_page_shows_live_stages_plan_changes_answer_evidence_and_g
     events = state["events"]
     assert state["timeline"] == events.count("stage") > 13
     assert events.index("stage") < events.index("answer") < events.index("end")
+    # the answer's text showed as it was written, growing, before the answer event
+    assert events.index("text") < events.index("answer") and len(state["streamed"]) >= 3
+    assert state["streamed"] == sorted(state["streamed"])
     # the plan: the first sub-question's plan revised with the name found, the second running out of steps
     assert state["subQuestions"] == ["Where does the owner of Miso work?", "What is the name of Ben's dog?"]
     assert state["badges"] == ["answered", "no answer (plan exhausted)"]

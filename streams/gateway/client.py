@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -207,7 +207,7 @@ class GatewayClient:
         ends = ("end", "timeout", "unavailable", "forgotten")
         return self._events(f"/v1/traces/{query_id}/stream", {"user_id": user_id}, timeout_s, ends)
 
-    def answer_events(self, query_id: str, timeout_s: float) -> Iterator[tuple[str, Any]]:
+    def answer_events(self, query_id: str, timeout_s: float) -> Generator[tuple[str, Any], None, None]:
         """The answer as it is written: ``("text", {"delta", "text", "reset"})`` events, then ``("answer", the
         answer event)``. Leaving early (closing the iterator) cancels the question, as the gateway is told."""
         ends = ("answer", "timeout", "unavailable", "forgotten")
@@ -220,7 +220,7 @@ class GatewayClient:
 
     def _events(
         self, path: str, params: dict[str, Any], timeout_s: float, ends: tuple[str, ...]
-    ) -> Iterator[tuple[str, Any]]:
+    ) -> Generator[tuple[str, Any], None, None]:
         event, data = "message", ""
         try:
             with self._http.stream("GET", path, params=params, timeout=timeout_s) as response:

@@ -9,6 +9,7 @@ const SVG = "http://www.w3.org/2000/svg";
 const KEY_STORE = "memstream.key";
 const state = {
   source: null, queryId: null, userId: null, asOf: null, seen: new Set(), subs: new Map(), answered: false,
+  streamed: "",
 };
 // What arrived, in order, with the page's clock: the browser test checks that stages came before the answer.
 window.memstreamEvents = [];
@@ -224,12 +225,24 @@ function onPlanStage(run) {
 
 // -- answer, evidence, graph ----------------------------------------------------------------------------------------
 
+// The answer as the model writes it: shown growing until the answer event replaces it.
+function onText(data) {
+  if (state.answered) return;
+  record("text", { chars: data.text.length }); // what the page showed, when: the browser test reads these
+  state.streamed = data.text;
+  const box = $("#answer");
+  box.classList.remove("hint");
+  box.dataset.status = "writing";
+  box.replaceChildren(el("span", { class: "badge running" }, "writing"), " ", el("span", { class: "text" }, data.text));
+}
+
 function onAnswer(answer) {
   if (state.answered) return;
   state.answered = true;
   record("answer", { status: answer.status });
   setStatus(answer.status, answer.status.replace("_", " "));
-  const text = answer.status === "error" ? answer.error || "error" : answer.answer;
+  const failed = answer.status === "error" || answer.status === "cancelled";
+  const text = failed ? answer.error || answer.status : answer.answer;
   const meta = `${answer.llm_calls} LLM call${answer.llm_calls === 1 ? "" : "s"} · ${answer.duration_ms.toFixed(0)} ms`;
   const box = $("#answer");
   box.classList.remove("hint");
@@ -360,6 +373,7 @@ function reset() {
   state.seen.clear();
   state.subs.clear();
   state.answered = false;
+  state.streamed = "";
   window.memstreamEvents = [];
   for (const tile of document.querySelectorAll(".stage")) {
     tile.className = "stage";
@@ -394,6 +408,7 @@ function follow(queryId, userId, asOf = null) {
     // a trace followed from its link: the question's own as_of is what its graph must show
     query: (data) => { if (data && data.as_of) state.asOf = data.as_of; record("query"); },
     stage: onStage,
+    text: onText,
     answer: onAnswer,
     end: (data) => { source.close(); onEnd(data); },
     timeout: () => { source.close(); setStatus("timeout", "no answer in time"); },
