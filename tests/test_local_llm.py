@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import os
 import socket
 import threading
@@ -242,6 +243,40 @@ async def test_concurrent_calls_and_cancellation(small_llm: LlamaCppLLM) -> None
     while engine.cancelled == cancelled_before:
         assert time.monotonic() < deadline, "the abandoned generation kept running"
         await asyncio.sleep(0.01)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+async def test_text_streams_as_it_is_decoded_and_a_cancelled_caller_stops_the_model(small_llm: LlamaCppLLM) -> None:
+    """``on_text`` gets the output so far on the event loop at every piece, and the last piece is the whole
+    answer; a caller cancelled after its first pieces (a question deleted) stops the generation at the next token."""
+    shown: list[str] = []
+    request = person_request().model_copy(update={"on_text": shown.append})
+    response = await small_llm.complete(request)
+    assert len(shown) >= 5 and shown[-1] == response.text
+    assert all(b.startswith(a) for a, b in itertools.pairwise(shown))
+
+    engine = await small_llm.load()
+    cancelled_before = engine.cancelled
+    pieces: list[str] = []
+    essay = LLMRequest(
+        task="essay",
+        messages=[LLMMessage(role="user", content="Write a long essay about rivers.")],
+        max_tokens=500,
+        on_text=pieces.append,
+    )
+    call = asyncio.create_task(small_llm.complete(essay))
+    deadline = time.monotonic() + 120
+    while len(pieces) < 3:
+        assert time.monotonic() < deadline and not call.done(), "no text streamed"
+        await asyncio.sleep(0.01)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    while engine.cancelled == cancelled_before:
+        assert time.monotonic() < deadline, "the cancelled generation kept running"
+        await asyncio.sleep(0.01)
+    assert len(pieces[-1]) < 500 * 2  # stopped far short of its token budget
 
 
 @pytest.mark.model
