@@ -139,6 +139,21 @@ QA = [
         "Mean vertices matched (match) and triplets retrieved (traversal) and kept (filter) per stage run.",
         [(mean("memstream_trace_retrieved", "stage_name, what", agg="max"), "{{stage_name}} {{what}}")],
     ),
+    Panel(
+        "First answer text",
+        "From the query agent taking a question to the first piece of its answer shown to streaming readers.",
+        [
+            (quantile(0.5, "memstream_qa_first_text_seconds"), "p50"),
+            (quantile(0.95, "memstream_qa_first_text_seconds"), "p95"),
+        ],
+        unit="s",
+    ),
+    Panel(
+        "Questions cancelled",
+        "Cancelled by their asker (deleted) or left by a disconnected one; stopped while answering or before it began.",
+        [(rate("memstream_qa_cancelled_total", "reason, when"), "{{reason}} {{when}}")],
+        unit="ops",
+    ),
 ]
 
 LLM = [
