@@ -32,7 +32,7 @@ QUESTION = "Where does Anna work now?"
 def streaming_llm() -> ScriptedLLM:
     """The rule-based scripted LLM, decoding answers 3 characters every 0.1 s (memorize calls do not stream)."""
     llm = rule_based_llm()
-    llm.piece_chars, llm.piece_delay_s = 3, 0.1
+    llm.stream, llm.piece_chars, llm.piece_delay_s = True, 3, 0.1
     return llm
 
 

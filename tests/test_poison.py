@@ -306,6 +306,8 @@ def samples() -> dict[str, BaseModel]:
         "answer": CONTRACTS["answer"].model_validate(
             {**base, "query_id": "q", "trace_id": "t", "question": "?", "answer": "!", "status": "answered"}
         ),
+        "answer_text": CONTRACTS["answer_text"].model_validate({**base, "query_id": "q", "seq": 1, "text": "An"}),
+        "query_cancel": CONTRACTS["query_cancel"].model_validate({**base, "query_id": "q", "reason": "deleted"}),
         "dead_letter": DeadLetter(event_id="dl", source_topic="t", reason="r", error="e", payload="p"),
     }
 

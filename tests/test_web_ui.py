@@ -157,7 +157,8 @@ def planning_llm() -> ScriptedLLM:
             },
         },
         model="scripted-reader",
-        piece_chars=4,  # answers are written a few characters at a time, as a model decodes
+        stream=True,  # answers are written a few characters at a time, as a model decodes
+        piece_chars=4,
         piece_delay_s=0.05,
     )
 

@@ -22,9 +22,9 @@ CALLS_KEPT = 1000
 class ScriptedLLM(LLM):
     """Replies per task name: a queue of canned replies, or a function of the request.
 
-    ``delay_s`` simulates model latency; ``calls`` records every request for assertions. A request with an
-    ``on_text`` listener gets its reply in pieces of ``piece_chars``, ``piece_delay_s`` apart, as a model decodes;
-    ``pieces_sent`` counts them (a cancelled call stops sending).
+    ``delay_s`` simulates model latency; ``calls`` records every request for assertions. With ``stream``, a request
+    with an ``on_text`` listener gets its reply in pieces of ``piece_chars``, ``piece_delay_s`` apart, as a model
+    decodes; ``pieces_sent`` counts them (a cancelled call stops sending). Without, the listener hears nothing.
     """
 
     def __init__(
@@ -32,6 +32,7 @@ class ScriptedLLM(LLM):
         responders: dict[str, Responder] | None = None,
         model: str = "scripted",
         delay_s: float = 0.0,
+        stream: bool = False,
         piece_chars: int = 4,
         piece_delay_s: float = 0.0,
     ) -> None:
@@ -39,6 +40,7 @@ class ScriptedLLM(LLM):
         self.responders: dict[str, Responder] = dict(responders or {})
         self.queues: dict[str, deque[str]] = defaultdict(deque)
         self.delay_s = delay_s
+        self.stream = stream
         self.piece_chars = max(1, piece_chars)
         self.piece_delay_s = piece_delay_s
         self.pieces_sent = 0
@@ -68,7 +70,7 @@ class ScriptedLLM(LLM):
                 text = reply if isinstance(reply, str) else json.dumps(reply)
             else:
                 raise LookupError(f"scripted LLM has no reply for task {request.task!r}")
-            if request.on_text is not None:
+            if self.stream and request.on_text is not None:
                 await self._stream(text, request.on_text)
         finally:
             self.in_flight -= 1
