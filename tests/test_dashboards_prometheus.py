@@ -142,7 +142,7 @@ def test_every_metric_a_dashboard_reads_is_one_memstream_exports() -> None:
     # importing the modules that define metrics registers them
     import services.llm.layers
     import services.metrics
-    import services.observability.metrics
+    import services.observability.metrics  # noqa: F401
     import streams.gateway.app  # noqa: F401  (the gateway's own counters)
 
     exported = set()
