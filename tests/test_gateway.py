@@ -247,7 +247,7 @@ async def test_qa_handler_answers_reports_stages_and_survives_failures(services:
     assert [StageEvent.model_validate(s).query_id for s in published.on(topics.stages)]  # at least one stage
 
     class Broken:
-        async def answer(self, query: Query, emit: Any = None) -> Answer:
+        async def answer(self, query: Query, emit: Any = None, on_text: Any = None) -> Answer:
             raise RuntimeError("model crashed")
 
     failing = Captured()
