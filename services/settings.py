@@ -153,6 +153,25 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="how often the gateway prunes memorized events from its outbox"
     )
 
+    # Messaging connectors (docs/connectors.md): each platform's secret, and the memstream user its messages go to
+    slack_signing_secret: SecretStr | None = Field(default=None, description="Slack app's signing secret (secret)")
+    slack_user: str | None = Field(default=None, description="memstream user of the one Slack workspace")
+    slack_workspaces: dict[str, str] = Field(
+        default_factory=dict, description='more workspaces: {"T0123": "user"} (team id -> memstream user)'
+    )
+    telegram_secret_token: SecretStr | None = Field(
+        default=None, description="the secret_token given to Telegram's setWebhook (secret)"
+    )
+    telegram_user: str | None = Field(default=None, description="memstream user of the Telegram bot's chats")
+    telegram_chats: dict[str, str] = Field(
+        default_factory=dict, description='chats of their own: {"-1001234": "user"} (chat id -> memstream user)'
+    )
+    webhook_secret: SecretStr | None = Field(default=None, description="HMAC key of the generic webhook (secret)")
+    webhook_user: str | None = Field(default=None, description="memstream user of the generic webhook's messages")
+    connector_replay_window_s: int = Field(
+        default=300, ge=30, description="signed requests older (or newer) than this are refused as replays"
+    )
+
     # Authentication: API keys (hashed in a file) and OIDC/JWT bearer tokens; see docs/security.md
     auth_keys_file: Path | None = Field(default=None, description="API key hashes (unset: data_dir/auth/api-keys.json)")
     oidc_issuer: str | None = Field(default=None, description="accepted JWT issuer (iss); unset: no JWTs accepted")
@@ -225,6 +244,10 @@ class Settings(BaseSettings):
     @property
     def outbox_path(self) -> Path:
         return self.data_dir / "gateway" / "outbox.sqlite3"
+
+    @property
+    def connector_versions_path(self) -> Path:
+        return self.data_dir / "gateway" / "connector-versions.sqlite3"
 
 
 @lru_cache(maxsize=1)

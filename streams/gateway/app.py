@@ -43,6 +43,8 @@ from streams.gateway.auth import (
     rate_limiter,
     scoped_parse,
 )
+from streams.gateway.connectors.base import VersionBook, connector_router
+from streams.gateway.connectors.registry import configured
 from streams.gateway.dead_letters import DeadLetterBook, DeadLetterFeed, dead_letter_router
 from streams.gateway.forget import (
     ForgetBook,
@@ -192,6 +194,7 @@ def create_app(
             await feed.stop()
             await producer.stop()
             await outbox.close()
+            versions.close()
             if store is not None:
                 await store.close()
 
@@ -321,6 +324,12 @@ def create_app(
     app.include_router(forget_router(forgets, produce, limiter))
     # admins: make, list and revoke API keys
     app.include_router(keys_router(authenticator.keys))
+    # Slack, Telegram and signed webhooks: messages in, edits and deletions as memory operations
+    versions = VersionBook(settings.connector_versions_path)
+    connectors = connector_router(
+        configured(settings), produce, topics.chat, versions, forgets.sent, settings.max_body_bytes
+    )
+    app.include_router(connectors)
 
     # traces (JSON and SSE), the graph neighbourhood, the web page at /, the request log context, the lag sensor
     obs = ObservabilitySettings()

@@ -1,0 +1,80 @@
+"""Telegram bot webhook: https://core.telegram.org/bots/api#setwebhook
+
+Verified by the ``X-Telegram-Bot-Api-Secret-Token`` header (the ``secret_token`` given to ``setWebhook``),
+compared in constant time. ``message`` and ``channel_post`` become chat messages (chat -> conversation and, by
+configuration, memstream user; the sender -> speaker; ``date`` -> the time), ``edited_message`` and
+``edited_channel_post`` are edits (``edit_date`` the version). A redelivered update has the same ``update_id``.
+The Bot API tells a bot of deletions only for business chats (``deleted_business_messages``): those are forgotten.
+Bots' messages are skipped.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from typing import Any
+
+from streams.gateway.connectors.base import Delete, Mapped, Post, Refused, user_for, when
+
+_NEW = ("message", "channel_post", "business_message")
+_EDITED = ("edited_message", "edited_channel_post", "edited_business_message")
+
+
+class TelegramConnector:
+    platform = "telegram"
+
+    def __init__(self, secret_token: str, user: str | None, chats: Mapping[str, str]) -> None:
+        self.secret = secret_token.encode()
+        self.user = user
+        self.chats = dict(chats)
+
+    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> None:
+        given = headers.get("x-telegram-bot-api-secret-token")
+        if not given:
+            raise Refused(401, "unsigned", "send X-Telegram-Bot-Api-Secret-Token (the webhook's secret_token)")
+        if not hmac.compare_digest(given.encode(), self.secret):
+            raise Refused(401, "bad_signature", "the secret token does not match")
+
+    def map(self, payload: Any) -> Mapped:
+        if not isinstance(payload, dict) or not isinstance(payload.get("update_id"), int):
+            raise Refused(400, "malformed", "a Telegram update is a JSON object with an integer update_id")
+        delivery = f"update:{payload['update_id']}"
+        for kind in (*_NEW, *_EDITED):
+            message = payload.get(kind)
+            if isinstance(message, dict):
+                post = self._post(message, edited=kind in _EDITED)
+                ignored = None if post else "bot or no text"
+                return Mapped(posts=[post] if post else [], ignored=ignored, delivery_id=delivery)
+        deleted = payload.get("deleted_business_messages")
+        if isinstance(deleted, dict):
+            chat = str((deleted.get("chat") or {}).get("id", ""))
+            user = user_for("Telegram chat", chat, self.chats, self.user)
+            ids = [str(i) for i in deleted.get("message_ids") or []]
+            return Mapped(deletes=[Delete(_key(chat, i), user) for i in ids], delivery_id=delivery)
+        return Mapped(ignored="no message in the update", delivery_id=delivery)
+
+    def _post(self, message: dict[str, Any], edited: bool) -> Post | None:
+        chat = message.get("chat") or {}
+        chat_id = str(chat.get("id", ""))
+        user = user_for("Telegram chat", chat_id, self.chats, self.user)
+        sender = message.get("from") or {}
+        if sender.get("is_bot"):
+            return None
+        text = str(message.get("text") or message.get("caption") or "").strip()
+        if not text:
+            return None
+        name = " ".join(str(sender.get(k)) for k in ("first_name", "last_name") if sender.get(k))
+        speaker = name or sender.get("username") or message.get("author_signature") or chat.get("title") or "someone"
+        try:
+            said = when(message["date"])
+            version = str(int(message["edit_date"])) if edited else ""
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Refused(400, "malformed", "a Telegram message needs date (and edit_date when edited)") from exc
+        key = _key(chat_id, str(message.get("message_id", "")))
+        return Post(key, user, f"telegram:{chat_id}", str(speaker), text, said, version)
+
+
+def _key(chat: str, message_id: str) -> str:
+    if not chat or not message_id:
+        raise Refused(400, "malformed", "a Telegram message needs chat.id and message_id")
+    return f"telegram:{chat}:{message_id}"
