@@ -15,20 +15,13 @@ import subprocess
 from pathlib import Path
 from types import TracebackType
 
-from aiokafka import AIOKafkaClient
-from aiokafka.errors import KafkaError
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
-
 from memstream.processes import die_with_parent, stop_process
 from services.logging import get_logger
-from services.settings import Settings
-from streams.kafka_security import kafka_client_options
+from streams.readiness import BrokerError, wait_for_kafka
+
+__all__ = ["BrokerError", "EmbeddedBroker", "free_port", "free_port_block", "port_free", "wait_for_kafka"]
 
 log = get_logger(__name__)
-
-
-class BrokerError(RuntimeError):
-    """The broker did not start or did not answer in time."""
 
 
 def broker_binary() -> str:
@@ -62,43 +55,15 @@ def free_port_block(count: int, host: str = "127.0.0.1") -> int:
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether ``host:port`` can be bound now."""
+    """Whether ``host:port`` can be bound now, as a server binds it: with ``SO_REUSEADDR`` (uvicorn's too), so the
+    TIME_WAIT connections a stopped gateway leaves do not count, and a listening process still does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
             return False
     return True
-
-
-async def wait_for_kafka(bootstrap: str, timeout_s: float = 20.0, settings: Settings | None = None) -> None:
-    """Return once a Kafka client can fetch cluster metadata from ``bootstrap``; ``BrokerError`` after the deadline.
-    ``settings``: the Kafka security to connect with (unset: the process's own settings)."""
-    security = kafka_client_options(settings)
-
-    host, _, port = bootstrap.split(",")[0].rpartition(":")
-
-    async def probe() -> None:
-        # A bare TCP connect first: aiokafka logs every refused connection as an error.
-        _, writer = await asyncio.open_connection(host, int(port))
-        writer.close()
-        client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **security)
-        try:
-            await client.bootstrap()
-        finally:
-            await client.close()
-
-    try:
-        async for attempt in AsyncRetrying(
-            stop=stop_after_delay(timeout_s),
-            wait=wait_fixed(0.05),
-            retry=retry_if_exception_type((KafkaError, OSError)),
-            reraise=True,
-        ):
-            with attempt:
-                await probe()
-    except (KafkaError, OSError) as exc:
-        raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s: {exc}") from exc
 
 
 class EmbeddedBroker:

@@ -7,13 +7,13 @@ import signal
 
 import faust
 
-from memstream.broker import wait_for_kafka
 from services.container import build_services
 from services.logging import get_logger
 from services.ports import LLM
 from services.settings import Settings
 from streams.app import create_app
 from streams.cancels import CancelFeed, Cancellations
+from streams.readiness import wait_for_kafka
 from streams.topics import TopicNames, ensure_topics
 
 log = get_logger(__name__)

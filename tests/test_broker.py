@@ -120,3 +120,26 @@ async def test_two_brokers_run_side_by_side(tmp_path: Path) -> None:
         assert one.bootstrap != two.bootstrap
         await asyncio.gather(wait_for_kafka(one.bootstrap, 5), wait_for_kafka(two.bootstrap, 5))
     assert not one.running() and not two.running()
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_server_is_free_again_and_a_listening_one_is_not() -> None:
+    """`memstream up` right after a stop: the old gateway's connections linger in TIME_WAIT for a minute; the
+    port check binds as uvicorn does (SO_REUSEADDR), so they do not block the restart. A live listener still does."""
+    from memstream.broker import port_free
+
+    host = "127.0.0.1"
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, 0))
+    port = server.getsockname()[1]
+    server.listen()
+    client = socket.create_connection((host, port))
+    accepted, _ = server.accept()
+    assert not port_free(host, port)  # a server listens there
+    accepted.close()  # the server closes first: its side of the connection goes to TIME_WAIT
+    client.close()
+    server.close()
+    # what the old check did: a bind without SO_REUSEADDR fails now
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind((host, port))
+    assert port_free(host, port)

@@ -20,7 +20,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.multiprocess import MultiProcessCollector
 from pydantic import BaseModel
 
-from memstream.broker import wait_for_kafka
 from schemas.events import DeadLetter, Event, QueryCancel
 from services.backends import BackendUnavailable
 from services.domain import Stats
@@ -60,6 +59,7 @@ from streams.gateway.observability import install as install_observability
 from streams.gateway.questions import AnswerStreams, question_router
 from streams.kafka_security import kafka_client_options
 from streams.outbox import Outbox, OutboxRecord, OutboxRelay
+from streams.readiness import wait_for_kafka
 from streams.topics import TopicNames, ensure_topics
 
 log = get_logger(__name__)
