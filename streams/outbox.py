@@ -187,6 +187,16 @@ class Outbox:
         rows = [(user_id, e) for e in event_ids]
         return await self._run(self._write, "DELETE FROM outbox WHERE user_id = ? AND event_id = ?", rows)
 
+    async def checkpoint(self) -> bool:
+        """Fold the WAL into the file and truncate it: the pages of rows just deleted (a forgotten message) stay in
+        the WAL file until then. False when a reader kept it from finishing (the next checkpoint does)."""
+
+        def run() -> bool:
+            busy, _, _ = self._db().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            return not busy
+
+        return await self._run(run)
+
     async def mark_dead(self, user_id: str, event_ids: Iterable[str], reason: str) -> None:
         rows = [(time.time(), reason, user_id, e) for e in event_ids]
         sql = "UPDATE outbox SET dead_at = ?, dead_reason = ? WHERE user_id = ? AND event_id = ?"

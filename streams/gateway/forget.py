@@ -418,7 +418,12 @@ class Purger:
                 and selects(erasure.scope, erasure.target, record.event_id, _payload(record.value))
             ):
                 gone.add(record.event_id)
-        return await self.outbox.remove(erasure.user_id, sorted(gone)) if gone else 0
+        if not gone:
+            return 0
+        removed = await self.outbox.remove(erasure.user_id, sorted(gone))
+        if not await self.outbox.checkpoint():  # the removed rows' text must not stay in the WAL file
+            log.warning("outbox_checkpoint_busy", forget_id=erasure.forget_id)
+        return removed
 
 
 async def _all_entries(outbox: Outbox) -> list[Any]:

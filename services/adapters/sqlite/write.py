@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from datetime import datetime
 
 import apsw
 
 from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Erasure, VertexKind
+from services.logging import get_logger
 from services.ports import CacheScope, VectorItem
 from services.validity import reopened
 
@@ -27,6 +29,8 @@ from .codec import (
     vertex_row,
 )
 from .read import seen_events
+
+log = get_logger(__name__)
 
 _INSERT_VERTEX = f"INSERT OR IGNORE INTO vertices ({VERTEX_COLUMNS}) VALUES ({', '.join('?' * N_VERTEX_COLUMNS)})"
 _INSERT_EDGE = f"INSERT OR IGNORE INTO edges ({EDGE_COLUMNS}) VALUES ({', '.join('?' * N_EDGE_COLUMNS)})"
@@ -251,6 +255,23 @@ def _erase_items(conn: apsw.Connection, erasure: Erasure, vectors: Sequence[Vect
     )
 
 
+#: how often a forget's checkpoint tries again while another process reads the file
+_CHECKPOINT_TRIES = 20
+
+
+def checkpoint(conn: apsw.Connection) -> bool:
+    """Fold the WAL into the database file and truncate it, so the pages a forget rewrote (with secure_delete,
+    zeroed in the file) leave no copy of the forgotten text in the WAL. A reader in another process can keep it
+    from finishing: tried again briefly, then left to the next forget or checkpoint (logged)."""
+    for attempt in range(_CHECKPOINT_TRIES):
+        busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if not busy:
+            return True
+        time.sleep(0.05 * (attempt + 1))  # back off while the reader finishes (this runs on the writer thread)
+    log.warning("sqlite_checkpoint_busy", tries=_CHECKPOINT_TRIES)
+    return False
+
+
 def erase(conn: apsw.Connection, erasure: Erasure, vectors: Sequence[VectorItem], dim: int) -> None:
     """Apply a forget in one IMMEDIATE transaction; a forget applied before changes nothing."""
     for item in vectors:
@@ -278,3 +299,4 @@ def erase(conn: apsw.Connection, erasure: Erasure, vectors: Sequence[VectorItem]
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    checkpoint(conn)
