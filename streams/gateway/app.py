@@ -43,6 +43,7 @@ from streams.gateway.auth import (
     scoped_parse,
 )
 from streams.gateway.connectors.base import VersionBook, connector_router
+from streams.gateway.connectors.imports import import_router
 from streams.gateway.connectors.registry import configured
 from streams.gateway.dead_letters import DeadLetterBook, DeadLetterFeed, dead_letter_router
 from streams.gateway.forget import (
@@ -330,6 +331,7 @@ def create_app(
         configured(settings), produce, topics.chat, versions, forgets.sent, settings.max_body_bytes
     )
     app.include_router(connectors)
+    app.include_router(import_router(produce, topics.chat, versions, forgets.sent))
 
     # traces (JSON and SSE), the graph neighbourhood, the web page at /, the request log context, the lag sensor
     obs = ObservabilitySettings()

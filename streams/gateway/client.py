@@ -105,6 +105,26 @@ class GatewayClient:
         result: dict[str, Any] = self._check(self._request("POST", "/v1/documents", json=body))
         return result
 
+    def post_import(self, platform: str, user_id: str, posts: Sequence[Any]) -> dict[str, Any]:
+        """A batch of exported platform messages (``services.ingest.platforms.PlatformPost``)."""
+        body = {
+            "platform": platform,
+            "user_id": user_id,
+            "posts": [
+                {
+                    "key": p.key,
+                    "conversation_id": p.conversation_id,
+                    "speaker": p.speaker,
+                    "text": p.text,
+                    "time": p.when.isoformat(),
+                    "version": p.version,
+                }
+                for p in posts
+            ],
+        }
+        result: dict[str, Any] = self._check(self._request("POST", "/v1/imports", json=body))
+        return result
+
     def ask(self, user_id: str, question: str, **fields: Any) -> str:
         body = {"user_id": user_id, "question": question, **fields}
         return str(self._check(self._request("POST", "/v1/questions", json=body))["query_id"])

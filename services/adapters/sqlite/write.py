@@ -264,8 +264,8 @@ def checkpoint(conn: apsw.Connection) -> bool:
     zeroed in the file) leave no copy of the forgotten text in the WAL. A reader in another process can keep it
     from finishing: tried again briefly, then left to the next forget or checkpoint (logged)."""
     for attempt in range(_CHECKPOINT_TRIES):
-        busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        if not busy:
+        row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if row is None or not row[0]:  # (busy, WAL frames, frames checkpointed)
             return True
         time.sleep(0.05 * (attempt + 1))  # back off while the reader finishes (this runs on the writer thread)
     log.warning("sqlite_checkpoint_busy", tries=_CHECKPOINT_TRIES)

@@ -28,6 +28,7 @@ from prometheus_client import Counter
 from schemas.events import ChatMessage, Event, Forget, ForgetScope
 from schemas.validation import MalformedJSON, parse_json
 from services.ids import digest
+from services.ingest.platforms import PlatformPost
 from services.logging import get_logger
 from streams.gateway import inputs
 
@@ -70,6 +71,10 @@ class Post:
     @property
     def event_id(self) -> str:
         return self.key if not self.version else f"{self.key}:v{self.version}"
+
+    @classmethod
+    def of(cls, post: PlatformPost, user_id: str) -> Post:
+        return cls(post.key, user_id, post.conversation_id, post.speaker, post.text, post.when, post.version)
 
 
 @dataclass(frozen=True)
@@ -221,6 +226,20 @@ async def operations(platform: str, mapped: Mapped, versions: VersionBook) -> Op
     return ops
 
 
+async def publish(
+    ops: Operations, produce: Produce, chat_topic: str, versions: VersionBook, sent: Callable[[Forget], object]
+) -> None:
+    """Produce the operations (durable in the outbox before the caller answers), then record the versions memory
+    now holds: after, so a refused produce leaves the book as it was and the platform's retry goes through."""
+    if not ops.events:
+        return
+    await produce(chat_topic, ops.events)
+    for forget in ops.forgets:
+        sent(forget)
+    for key, event_id in ops.versions.items():
+        await (versions.drop(key) if event_id is None else versions.set(key, event_id))
+
+
 def connector_router(
     connectors: Mapping[str, Connector],
     produce: Produce,
@@ -257,12 +276,7 @@ def connector_router(
         if ops is None:
             CONNECTOR_REQUESTS.labels(platform, "duplicate").inc()
             return mapped.response or {"ok": True, "duplicate": True}
-        if ops.events:
-            await produce(chat_topic, ops.events)  # durable (outbox) before the platform hears 200
-            for forget in ops.forgets:
-                sent(forget)
-            for key, event_id in ops.versions.items():
-                await (versions.drop(key) if event_id is None else versions.set(key, event_id))
+        await publish(ops, produce, chat_topic, versions, sent)
         if mapped.delivery_id is not None:
             recent[path].add(mapped.delivery_id)
         messages = sum(isinstance(e, ChatMessage) for e in ops.events)

@@ -14,6 +14,7 @@ from typing import Any
 
 from slack_sdk.signature import SignatureVerifier
 
+from services.ingest.platforms import slack_conversation, slack_key
 from streams.gateway.connectors.base import Delete, Mapped, Post, Refused, user_for, when
 
 #: message subtypes that are someone saying something (others are notices: joins, topic changes, ...)
@@ -76,7 +77,7 @@ class SlackConnector:
 def _key(team: str, channel: str, ts: str) -> str:
     if not (team and channel and ts):
         raise Refused(400, "malformed", "a Slack message needs team_id, channel and ts")
-    return f"slack:{team}:{channel}:{ts}"
+    return slack_key(team, channel, ts)
 
 
 def _post(team: str, channel: str, user: str, message: dict[str, Any], version: str) -> Post | None:
@@ -93,4 +94,4 @@ def _post(team: str, channel: str, user: str, message: dict[str, Any], version: 
         said = when(ts)
     except ValueError as exc:
         raise Refused(400, "malformed", f"a Slack ts is seconds.micro, not {ts!r}") from exc
-    return Post(_key(team, channel, ts), user, f"slack:{team}:{channel}", speaker, text, said, version)
+    return Post(_key(team, channel, ts), user, slack_conversation(team, channel), speaker, text, said, version)

@@ -14,6 +14,7 @@ import hmac
 from collections.abc import Mapping
 from typing import Any
 
+from services.ingest.platforms import telegram_conversation, telegram_key
 from streams.gateway.connectors.base import Delete, Mapped, Post, Refused, user_for, when
 
 _NEW = ("message", "channel_post", "business_message")
@@ -71,10 +72,10 @@ class TelegramConnector:
         except (KeyError, TypeError, ValueError) as exc:
             raise Refused(400, "malformed", "a Telegram message needs date (and edit_date when edited)") from exc
         key = _key(chat_id, str(message.get("message_id", "")))
-        return Post(key, user, f"telegram:{chat_id}", str(speaker), text, said, version)
+        return Post(key, user, telegram_conversation(chat_id), str(speaker), text, said, version)
 
 
 def _key(chat: str, message_id: str) -> str:
     if not chat or not message_id:
         raise Refused(400, "malformed", "a Telegram message needs chat.id and message_id")
-    return f"telegram:{chat}:{message_id}"
+    return telegram_key(chat, message_id)
