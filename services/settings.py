@@ -159,10 +159,18 @@ class Settings(BaseSettings):
     slack_workspaces: dict[str, str] = Field(
         default_factory=dict, description='more workspaces: {"T0123": "user"} (team id -> memstream user)'
     )
+    slack_bot_token: SecretStr | None = Field(
+        default=None, description="bot token (xoxb-...) to answer app mentions in their thread (secret)"
+    )
+    slack_api_url: str = Field(default="https://slack.com/api/", description="Slack Web API base URL")
     telegram_secret_token: SecretStr | None = Field(
         default=None, description="the secret_token given to Telegram's setWebhook (secret)"
     )
     telegram_user: str | None = Field(default=None, description="memstream user of the Telegram bot's chats")
+    telegram_bot_token: SecretStr | None = Field(
+        default=None, description="the bot's token from BotFather, to answer /ask and replies to it (secret)"
+    )
+    telegram_api_url: str = Field(default="https://api.telegram.org/bot", description="Telegram Bot API base URL")
     telegram_chats: dict[str, str] = Field(
         default_factory=dict, description='chats of their own: {"-1001234": "user"} (chat id -> memstream user)'
     )

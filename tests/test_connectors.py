@@ -393,3 +393,18 @@ def test_memory_after_an_edit_holds_the_new_text_only_and_after_a_deletion_nothi
             assert http.get("/v1/stats/ana", headers=admin).json()["events"] == 0
     finally:
         stack.stop()
+
+
+def test_questions_to_the_bot_are_questions_not_conversation() -> None:
+    mention = {"type": "app_mention", "user": "U01", "text": "<@U0BOT|mem> Where does Ana work?", "channel": CHANNEL}
+    mention |= {"ts": "1714564800.000100", "thread_ts": "1714564000.000001"}
+    (question,) = slack().map(slack_event(mention)).questions
+    assert (question.text, question.channel, question.thread) == ("Where does Ana work?", CHANNEL, "1714564000.000001")
+    assert question.query().query_id == question.query().query_id  # a retry asks the same query
+    telegram = TelegramConnector(TELEGRAM_SECRET, "ana", {})
+    asked = telegram.map(telegram_update(20, "/ask@mem_bot where do we live?", message_id=30))
+    assert asked.posts == [] and asked.questions[0].text == "where do we live?" and asked.questions[0].thread == "30"
+    reply = telegram_update(21, "and the dog's name?", message_id=31)
+    reply["message"]["reply_to_message"] = {"message_id": 30, "from": {"id": 1, "is_bot": True, "first_name": "Mem"}}
+    assert telegram.map(reply).questions[0].text == "and the dog's name?"
+    assert telegram.map(telegram_update(22, "/start", message_id=32)).questions == []  # other commands: said

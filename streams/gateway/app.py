@@ -42,9 +42,10 @@ from streams.gateway.auth import (
     rate_limiter,
     scoped_parse,
 )
-from streams.gateway.connectors.base import VersionBook, connector_router
+from streams.gateway.connectors.base import Question, VersionBook, connector_router
 from streams.gateway.connectors.imports import import_router
-from streams.gateway.connectors.registry import configured
+from streams.gateway.connectors.registry import configured, configured_repliers
+from streams.gateway.connectors.replies import Thread, answer_back
 from streams.gateway.dead_letters import DeadLetterBook, DeadLetterFeed, dead_letter_router
 from streams.gateway.forget import (
     ForgetBook,
@@ -134,6 +135,9 @@ def create_app(
     producer_box: list[AIOKafkaProducer] = []
     memory_topics = {topics.chat, topics.documents}
     outbox = Outbox(settings.outbox_path)
+    versions = VersionBook(settings.connector_versions_path)
+    repliers = configured_repliers(settings)
+    replying: set[asyncio.Task[None]] = set()
 
     async def publish_records(records: Sequence[OutboxRecord]) -> None:
         producer = producer_box[0]
@@ -194,6 +198,10 @@ def create_app(
             await dead_letter_feed.stop()
             await feed.stop()
             await producer.stop()
+            for task in list(replying):
+                task.cancel()
+            for replier in repliers.values():
+                await replier.close()
             await outbox.close()
             versions.close()
             if store is not None:
@@ -325,13 +333,6 @@ def create_app(
     app.include_router(forget_router(forgets, produce, limiter))
     # admins: make, list and revoke API keys
     app.include_router(keys_router(authenticator.keys))
-    # Slack, Telegram and signed webhooks: messages in, edits and deletions as memory operations
-    versions = VersionBook(settings.connector_versions_path)
-    connectors = connector_router(
-        configured(settings), produce, topics.chat, versions, forgets.sent, settings.max_body_bytes
-    )
-    app.include_router(connectors)
-    app.include_router(import_router(produce, topics.chat, versions, forgets.sent))
 
     # traces (JSON and SSE), the graph neighbourhood, the web page at /, the request log context, the lag sensor
     obs = ObservabilitySettings()
@@ -344,5 +345,27 @@ def create_app(
     # answers as they are written (SSE, WebSocket) and questions taken back, over the traces' view of the topics
     streams = AnswerStreams(app.state.traces, send_cancel, obs, live=app.state.trace_feed is not None)
     app.include_router(question_router(streams))
+
+    async def ask_from_platform(platform: str, question: Question) -> bool:
+        """A question to the bot: asked of memory, answered back in its thread as the answer streams."""
+        replier = repliers.get(platform)
+        if replier is None:
+            return False
+        query = question.query()
+        await produce(topics.queries, [query])
+        GATEWAY_EVENTS.labels(kind="query").inc()
+        where = Thread(question.channel, question.thread)
+        task = asyncio.create_task(answer_back(streams, replier, query, where), name=f"reply-{query.query_id}")
+        replying.add(task)
+        task.add_done_callback(replying.discard)
+        return True
+
+    # Slack, Telegram and signed webhooks: messages in, edits and deletions as memory operations, questions to
+    # the bot answered back where they were asked; platform exports through /v1/imports
+    connectors = connector_router(
+        configured(settings), produce, topics.chat, versions, forgets.sent, settings.max_body_bytes, ask_from_platform
+    )
+    app.include_router(connectors)
+    app.include_router(import_router(produce, topics.chat, versions, forgets.sent))
     ledger.guard(book, dead_letter_feed, app.state.traces)
     return app

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter
 
-from schemas.events import ChatMessage, Event, Forget, ForgetScope
+from schemas.events import ChatMessage, Event, Forget, ForgetScope, Query
 from schemas.validation import MalformedJSON, parse_json
 from services.ids import digest
 from services.ingest.platforms import PlatformPost
@@ -83,12 +83,33 @@ class Delete:
     user_id: str
 
 
+@dataclass(frozen=True)
+class Question:
+    """A message addressed to the bot: asked of its user's memory, answered back in ``channel`` / ``thread``."""
+
+    key: str  # the platform message that asked: the query id follows from it, so a retry asks once
+    user_id: str
+    text: str
+    when: datetime
+    channel: str
+    thread: str
+
+    def query(self) -> Query:
+        query_id = f"q_{digest('connector-question', self.key)}"
+        return inputs.validate(
+            Query,
+            {"event_id": query_id, "user_id": self.user_id, "event_time": self.when, "question": self.text},
+            "question",
+        )
+
+
 @dataclass
 class Mapped:
     """What a request asks of memory; ``response``: the body the platform expects back (Slack's challenge)."""
 
     posts: list[Post] = field(default_factory=list)
     deletes: list[Delete] = field(default_factory=list)
+    questions: list[Question] = field(default_factory=list)
     response: dict[str, Any] | None = None
     ignored: str | None = None  # why nothing was taken (a bot's message, a join notice, ...)
     delivery_id: str | None = None  # the platform's id of this delivery: its retries carry the same
@@ -240,6 +261,10 @@ async def publish(
         await (versions.drop(key) if event_id is None else versions.set(key, event_id))
 
 
+#: ``ask(platform, question)``: put the question to memory and answer it back where it was asked
+Ask = Callable[[str, Question], Awaitable[bool]]
+
+
 def connector_router(
     connectors: Mapping[str, Connector],
     produce: Produce,
@@ -247,9 +272,11 @@ def connector_router(
     versions: VersionBook,
     sent: Callable[[Forget], object],
     max_body_bytes: int,
+    ask: Ask | None = None,
 ) -> APIRouter:
     """``POST /v1/connectors/{path}`` for each configured connector; ``sent`` registers a forget for its status
-    (``GET /v1/forget/{id}``). Routes of unconfigured platforms answer 404."""
+    (``GET /v1/forget/{id}``); ``ask`` takes the questions to the bot (None: they are not answered). Routes of
+    unconfigured platforms answer 404."""
     router = APIRouter()
     recent: dict[str, RecentIds] = {name: RecentIds() for name in connectors}
 
@@ -277,15 +304,20 @@ def connector_router(
             CONNECTOR_REQUESTS.labels(platform, "duplicate").inc()
             return mapped.response or {"ok": True, "duplicate": True}
         await publish(ops, produce, chat_topic, versions, sent)
+        asked = 0
+        for question in mapped.questions:
+            asked += bool(ask is not None and await ask(platform, question))
+        if mapped.questions and not asked:
+            log.warning("connector_question_unanswered", platform=platform, why="no bot token to answer with")
         if mapped.delivery_id is not None:
             recent[path].add(mapped.delivery_id)
         messages = sum(isinstance(e, ChatMessage) for e in ops.events)
         CONNECTOR_OPERATIONS.labels(platform, "message").inc(messages)
         CONNECTOR_OPERATIONS.labels(platform, "forget").inc(len(ops.forgets))
-        outcome = "accepted" if ops.events else "ignored" if mapped.ignored or not mapped.response else "answered"
+        outcome = "accepted" if ops.events else "asked" if asked else "ignored" if not mapped.response else "answered"
         CONNECTOR_REQUESTS.labels(platform, outcome).inc()
         log.info("connector_request", platform=platform, outcome=outcome, messages=messages, forgets=len(ops.forgets))
-        return mapped.response or {"ok": True, "messages": messages, "forgotten": len(ops.forgets)}
+        return mapped.response or {"ok": True, "messages": messages, "forgotten": len(ops.forgets), "asked": asked}
 
     def endpoint_of(path: str) -> Callable[[Request], Awaitable[Any]]:
         async def endpoint(request: Request) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.settings import Settings
 from streams.gateway.connectors.base import Connector
+from streams.gateway.connectors.replies import Replier, SlackReplier, TelegramReplier
 from streams.gateway.connectors.slack import SlackConnector
 from streams.gateway.connectors.telegram import TelegramConnector
 from streams.gateway.connectors.webhook import WebhookConnector
@@ -23,4 +24,14 @@ def configured(settings: Settings) -> dict[str, Connector]:
         if not settings.webhook_user:
             raise ValueError("MEMSTREAM_WEBHOOK_SECRET needs MEMSTREAM_WEBHOOK_USER: whose memory its messages join")
         found["webhook"] = WebhookConnector(settings.webhook_secret.get_secret_value(), settings.webhook_user, window)
+    return found
+
+
+def configured_repliers(settings: Settings) -> dict[str, Replier]:
+    """Platform -> the client that answers questions back (a platform without a bot token answers none)."""
+    found: dict[str, Replier] = {}
+    if settings.slack_bot_token is not None:
+        found["slack"] = SlackReplier(settings.slack_bot_token.get_secret_value(), settings.slack_api_url)
+    if settings.telegram_bot_token is not None:
+        found["telegram"] = TelegramReplier(settings.telegram_bot_token.get_secret_value(), settings.telegram_api_url)
     return found

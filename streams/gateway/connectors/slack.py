@@ -9,13 +9,14 @@ notices (joins, topic changes) are skipped. A retry (``X-Slack-Retry-Num``) carr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from slack_sdk.signature import SignatureVerifier
 
 from services.ingest.platforms import slack_conversation, slack_key
-from streams.gateway.connectors.base import Delete, Mapped, Post, Refused, user_for, when
+from streams.gateway.connectors.base import Delete, Mapped, Post, Question, Refused, user_for, when
 
 #: message subtypes that are someone saying something (others are notices: joins, topic changes, ...)
 _SAID = {None, "thread_broadcast", "file_share", "me_message"}
@@ -54,9 +55,11 @@ class SlackConnector:
         user = user_for("Slack workspace", team, self.workspaces, self.user)
         event = payload["event"]
         delivery = str(payload.get("event_id") or "") or None
+        if event.get("type") == "app_mention":
+            # a question to the bot, answered back in its thread; the message event of the same post (sent too,
+            # when the app is in the channel) memorizes what was said
+            return Mapped(questions=_question(team, user, event), delivery_id=delivery)
         if event.get("type") != "message":
-            # app_mention: a question to the bot (answered back in the thread: not built yet); the message event
-            # of the same post memorizes its text
             return Mapped(ignored=f"event {event.get('type')}", delivery_id=delivery)
         channel = str(event.get("channel") or "")
         subtype = event.get("subtype")
@@ -72,6 +75,18 @@ class SlackConnector:
             return Mapped(ignored=f"subtype {subtype}", delivery_id=delivery)
         post = _post(team, channel, user, event, "")
         return Mapped(posts=[post] if post else [], ignored=None if post else "bot or empty", delivery_id=delivery)
+
+
+_MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
+
+
+def _question(team: str, user: str, event: dict[str, Any]) -> list[Question]:
+    text = _MENTION.sub("", str(event.get("text") or "")).strip()
+    channel, ts = str(event.get("channel") or ""), str(event.get("ts") or "")
+    if not text or not channel or not ts:
+        return []
+    thread = str(event.get("thread_ts") or ts)
+    return [Question(_key(team, channel, ts), user, text, when(ts), channel, thread)]
 
 
 def _key(team: str, channel: str, ts: str) -> str:

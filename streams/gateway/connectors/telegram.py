@@ -11,13 +11,16 @@ Bots' messages are skipped.
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from services.ingest.platforms import telegram_conversation, telegram_key
-from streams.gateway.connectors.base import Delete, Mapped, Post, Refused, user_for, when
+from streams.gateway.connectors.base import Delete, Mapped, Post, Question, Refused, user_for, when
 
 _NEW = ("message", "channel_post", "business_message")
+#: a command to the bot: /ask, or /ask@TheBot in a group
+_ASK = re.compile(r"^/ask(?:@\w+)?(?:\s+|$)")
 _EDITED = ("edited_message", "edited_channel_post", "edited_business_message")
 
 
@@ -42,6 +45,8 @@ class TelegramConnector:
         delivery = f"update:{payload['update_id']}"
         for kind in (*_NEW, *_EDITED):
             message = payload.get(kind)
+            if isinstance(message, dict) and kind in _NEW and (question := self._question(message)) is not None:
+                return Mapped(questions=[question], delivery_id=delivery)
             if isinstance(message, dict):
                 post = self._post(message, edited=kind in _EDITED)
                 ignored = None if post else "bot or no text"
@@ -53,6 +58,25 @@ class TelegramConnector:
             ids = [str(i) for i in deleted.get("message_ids") or []]
             return Mapped(deletes=[Delete(_key(chat, i), user) for i in ids], delivery_id=delivery)
         return Mapped(ignored="no message in the update", delivery_id=delivery)
+
+    def _question(self, message: dict[str, Any]) -> Question | None:
+        """``/ask ...`` (or ``/ask@bot ...``), or a reply to the bot's message: a question, not conversation."""
+        text = str(message.get("text") or "").strip()
+        replied = (message.get("reply_to_message") or {}).get("from") or {}
+        command = _ASK.match(text)
+        if command is None and not replied.get("is_bot"):
+            return None
+        asked = text[command.end() :].strip() if command else text
+        chat = str((message.get("chat") or {}).get("id", ""))
+        user = user_for("Telegram chat", chat, self.chats, self.user)
+        if not asked or (message.get("from") or {}).get("is_bot"):
+            return None
+        try:
+            said = when(message["date"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Refused(400, "malformed", "a Telegram message needs date") from exc
+        message_id = str(message.get("message_id", ""))
+        return Question(_key(chat, message_id), user, asked, said, chat, message_id)
 
     def _post(self, message: dict[str, Any], edited: bool) -> Post | None:
         chat = message.get("chat") or {}
