@@ -436,6 +436,9 @@ def ingest(
     if kind in ("slack-export", "telegram-export"):
         _ingest_export(GatewayClient(_url(settings, url), api_key=key), file, user, kind, slack_team, batch)
         return
+    if kind == "auto" and file.suffix.lower() in (".md", ".markdown", ".html", ".htm", ".pdf", ".txt"):
+        _ingest_document(GatewayClient(_url(settings, url), api_key=key), file, user, settings)
+        return
     try:
         text_formats: dict[str, Literal["auto", "locomo", "jsonl"]] = {"locomo": "locomo", "jsonl": "jsonl"}
         messages = load_conversation(
@@ -459,6 +462,34 @@ def ingest(
     if ids:
         for m in messages:
             typer.echo(f"{m.event_id}\t{m.speaker}: {m.text[:80]}")
+
+
+def _ingest_document(client: Any, file: Path, user: str, settings: Settings) -> None:
+    """A Markdown, HTML, PDF or text file as overlapping parts of one document, with a progress bar."""
+    import hashlib
+    from datetime import UTC, datetime
+
+    from services.ingest.documents import SUFFIXES, Unreadable, Upload, document_parts, extract
+    from streams.gateway.client import GatewayError
+
+    data = file.read_bytes()
+    kind = SUFFIXES[file.suffix.lower()]
+    upload = Upload(user, f"doc_{hashlib.sha256(data).hexdigest()[:32]}", file.stem[:200], datetime.now(UTC))
+    try:
+        parts = document_parts(
+            upload, extract(data, kind), settings.document_part_tokens, settings.document_part_overlap_tokens
+        )
+    except Unreadable as exc:
+        raise _fail(f"{file}: {exc}") from exc
+    with client, tqdm(total=len(parts), unit="part", desc=f"ingest {kind}") as bar:
+        try:
+            for start in range(0, len(parts), 20):
+                chunk = parts[start : start + 20]
+                client.post_documents(chunk)
+                bar.update(len(chunk))
+        except GatewayError as exc:
+            raise _fail(str(exc)) from exc
+    typer.echo(f"sent {file.name} as document {upload.document_id} in {len(parts)} parts for user {user!r}")
 
 
 def _ingest_export(client: Any, file: Path, user: str, kind: str, team: str | None, batch: int) -> None:

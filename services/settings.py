@@ -76,6 +76,10 @@ class Settings(BaseSettings):
         "sentence (half the generated tokens); json: every field keyed (the design before 4 December)",
     )
     document_chunk_chars: int = Field(default=1500, ge=200)
+    document_part_tokens: int = Field(
+        default=300, ge=50, description="an uploaded file (Markdown, HTML, PDF) is cut into parts of this many tokens"
+    )
+    document_part_overlap_tokens: int = Field(default=40, ge=0, description="tokens a part repeats of the one before")
     invalidation_candidates: int = Field(
         default=3, ge=0, description="known theses per new fact judged for contradiction (0: no duplicate checks)"
     )

@@ -28,7 +28,7 @@ from services.observability.context import bind
 from services.observability.settings import ObservabilitySettings
 from services.settings import Settings
 from streams.codec import encode, user_key
-from streams.gateway import inputs
+from streams.gateway import inputs, uploads
 from streams.gateway.answers import AnswerBook, AnswerFeed
 from streams.gateway.auth import (
     Asker,
@@ -271,7 +271,25 @@ def create_app(
         return await accept(request, "messages", parse, topics.chat, "chat_message")
 
     @app.post("/v1/documents", status_code=202, response_model=Accepted)
-    async def post_documents(request: Request, principal: Writer) -> Any:
+    async def post_documents(
+        request: Request,
+        principal: Writer,
+        user_id: str | None = None,
+        document_id: str | None = None,
+        title: str | None = None,
+    ) -> Any:
+        """JSON document events, or a file as it is (``Content-Type`` text/markdown, text/html, application/pdf,
+        text/plain; ``user_id``, ``document_id``, ``title`` as query parameters), cut into overlapping parts."""
+        media = (request.headers.get("content-type") or "").partition(";")[0].strip().lower()
+        if media in uploads.MEDIA_TYPES:
+            try:
+                parts = await uploads.parts(request, media, user_id, document_id, title, settings)
+                events = scoped_parse(lambda _body: parts, principal, limiter, "write")(None)
+            except inputs.InvalidInput as exc:
+                return inputs.invalid_response("documents", exc)
+            await produce(topics.documents, events)
+            GATEWAY_EVENTS.labels(kind="document").inc(len(events))
+            return Accepted(accepted=len(events), event_ids=[e.event_id for e in events])
         parse = scoped_parse(inputs.documents, principal, limiter, "write")
         return await accept(request, "documents", parse, topics.documents, "document")
 
