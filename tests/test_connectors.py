@@ -257,10 +257,10 @@ def test_slack_through_the_gateway(connected: tuple[TestClient, Settings], broke
     challenge = post({"type": "url_verification", "challenge": "3eZbrw1aB"})
     assert challenge.status_code == 200 and challenge.json() == {"challenge": "3eZbrw1aB"}
     said = slack_event(slack_message("I work at Siemens."), event_id="Ev1")
-    assert post(said).json() == {"ok": True, "messages": 1, "forgotten": 0}
+    assert post(said).json() == {"ok": True, "messages": 1, "forgotten": 0, "asked": 0}
     assert post(said, **{"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}).json()["duplicate"]
     edit = slack_event(slack_changed("I work at Bosch.", "1714564800.000100", "1714565000.000200", "x"), "Ev2")
-    assert post(edit).json() == {"ok": True, "messages": 1, "forgotten": 1}
+    assert post(edit).json() == {"ok": True, "messages": 1, "forgotten": 1, "asked": 0}
     assert post(slack_event(slack_deleted("1714564800.000100", "1714566000.000300"), "Ev3")).json()["forgotten"] == 1
     base = f"slack:{TEAM}:{CHANNEL}:1714564800.000100"
     events = chat_topic(broker, settings, 4)
@@ -408,3 +408,27 @@ def test_questions_to_the_bot_are_questions_not_conversation() -> None:
     reply["message"]["reply_to_message"] = {"message_id": 30, "from": {"id": 1, "is_bot": True, "first_name": "Mem"}}
     assert telegram.map(reply).questions[0].text == "and the dog's name?"
     assert telegram.map(telegram_update(22, "/start", message_id=32)).questions == []  # other commands: said
+
+
+@pytest.mark.server
+def test_more_workspaces_map_to_users_through_the_key_file(tmp_path: Path, broker: EmbeddedBroker) -> None:
+    """No one-workspace user: a team maps to a user only once an admin says so, beside the API keys."""
+    from tests.conftest import api_key
+
+    settings = make_settings(tmp_path, slack_signing_secret=SLACK_SECRET)
+    admin = {"authorization": f"Bearer {api_key(settings)}"}
+    writer = {"authorization": f"Bearer {api_key(settings, ['ben'], ['write'])}"}
+    body = body_of(slack_event(slack_message("I moved to Lisbon."), team="T0777"))
+    with TestClient(create_app(settings, broker.bootstrap)) as client:
+        assert client.post("/v1/connectors/slack/events", content=body, headers=slack_signed(body)).status_code == 403
+        assert (
+            client.put("/v1/connector-places/slack/T0777", json={"user_id": "ben"}, headers=writer).status_code == 403
+        )
+        mapped = client.put("/v1/connector-places/slack/T0777", json={"user_id": "ben"}, headers=admin)
+        assert mapped.status_code == 200
+        assert client.get("/v1/connector-places", headers=admin).json() == {"places": {"slack:T0777": "ben"}}
+        taken = client.post("/v1/connectors/slack/events", content=body, headers=slack_signed(body))
+        assert taken.status_code == 200 and taken.json()["messages"] == 1
+        assert client.delete("/v1/connector-places/slack/T0777", headers=admin).status_code == 200
+        other = body_of(slack_event(slack_message("again", ts="1714564999.000100"), team="T0777", event_id="Ev8"))
+        assert client.post("/v1/connectors/slack/events", content=other, headers=slack_signed(other)).status_code == 403

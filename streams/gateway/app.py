@@ -381,7 +381,13 @@ def create_app(
     # Slack, Telegram and signed webhooks: messages in, edits and deletions as memory operations, questions to
     # the bot answered back where they were asked; platform exports through /v1/imports
     connectors = connector_router(
-        configured(settings), produce, topics.chat, versions, forgets.sent, settings.max_body_bytes, ask_from_platform
+        configured(settings, authenticator.keys.place_user),
+        produce,
+        topics.chat,
+        versions,
+        forgets.sent,
+        settings.max_body_bytes,
+        ask_from_platform,
     )
     app.include_router(connectors)
     app.include_router(import_router(produce, topics.chat, versions, forgets.sent))

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import jwt
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -299,6 +299,10 @@ class KeyRequest(BaseModel):
     label: str = Field(default="", max_length=200)
 
 
+class PlaceRequest(BaseModel):
+    user_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$")
+
+
 def keys_router(store: KeyStore) -> APIRouter:
     router = APIRouter()
 
@@ -315,6 +319,25 @@ def keys_router(store: KeyStore) -> APIRouter:
     @router.get("/v1/keys")
     async def list_keys(_: Admin) -> Any:
         return {"keys": [k.public() for k in store.keys().values()]}
+
+    @router.put("/v1/connector-places/{platform}/{place}")
+    async def map_place(
+        platform: Literal["slack", "telegram"], place: str, body: PlaceRequest, principal: Admin
+    ) -> Any:
+        """Messages of this Slack workspace (team id) or Telegram chat (chat id) belong to ``user_id``."""
+        await asyncio.to_thread(store.map_place, platform, place, body.user_id)
+        log.info("connector_place_mapped", platform=platform, place=place, user_id=body.user_id, by=principal.id)
+        return {"platform": platform, "place": place, "user_id": body.user_id}
+
+    @router.delete("/v1/connector-places/{platform}/{place}")
+    async def unmap_place(platform: Literal["slack", "telegram"], place: str, principal: Admin) -> Any:
+        await asyncio.to_thread(store.map_place, platform, place, None)
+        log.info("connector_place_unmapped", platform=platform, place=place, by=principal.id)
+        return {"platform": platform, "place": place, "user_id": None}
+
+    @router.get("/v1/connector-places")
+    async def list_places(_: Admin) -> Any:
+        return {"places": store.places()}
 
     @router.delete("/v1/keys/{key_id}")
     async def revoke_key(key_id: str, principal: Admin) -> Any:

@@ -57,6 +57,8 @@ class ApiKey(BaseModel):
 
 class _File(BaseModel):
     keys: list[ApiKey] = []
+    #: "<platform>:<workspace or chat>" -> the memstream user its messages belong to (connectors)
+    places: dict[str, str] = {}
 
 
 def keys_file(settings: Settings) -> Path:
@@ -90,6 +92,7 @@ class KeyStore:
         self.path = path
         self._seen: tuple[int, int] | None = None
         self._keys: dict[str, ApiKey] = {}
+        self._places: dict[str, str] = {}
         self._verified: dict[bytes, str] = {}  # sha256 of a key that passed scrypt -> its key id
 
     @classmethod
@@ -107,7 +110,9 @@ class KeyStore:
         """key id -> key, as the file holds them now."""
         stamp = self._stamp()
         if stamp != self._seen:
-            self._keys = {k.key_id: k for k in self._read().keys}
+            content = self._read()
+            self._keys = {k.key_id: k for k in content.keys}
+            self._places = dict(content.places)
             self._verified.clear()  # a revoked key must not stay verified
             self._seen = stamp
         return self._keys
@@ -156,6 +161,22 @@ class KeyStore:
                     record.revoked_at = record.revoked_at or datetime.now(UTC)
                     return record
         raise KeyRequestError(f"no key {key_id!r}")
+
+    def places(self) -> dict[str, str]:
+        """Connector places (``slack:T0123``, ``telegram:-1001234``) -> user, as the file holds them now."""
+        self.keys()  # re-reads the file when it changed
+        return self._places
+
+    def place_user(self, platform: str, place: str) -> str | None:
+        return self.places().get(f"{platform}:{place}")
+
+    def map_place(self, platform: str, place: str, user_id: str | None) -> None:
+        """Map a workspace or chat to a user (None: unmap it)."""
+        with self._locked() as content:
+            if user_id is None:
+                content.places.pop(f"{platform}:{place}", None)
+            else:
+                content.places[f"{platform}:{place}"] = user_id
 
     def verify(self, presented: str) -> ApiKey | None:
         """The active key ``presented`` is, or None (unknown id, wrong secret, revoked)."""

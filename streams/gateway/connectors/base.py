@@ -129,11 +129,24 @@ def when(epoch: float | str) -> datetime:
     return datetime.fromtimestamp(float(epoch), tz=UTC)
 
 
-def user_for(platform: str, place: str, mapping: Mapping[str, str], default: str | None) -> str:
-    """The memstream user of a workspace or chat: its own mapping, else the connector's one user."""
-    user = mapping.get(place) or default
+#: ``(platform, place) -> user``: the mappings an admin keeps with the API keys (``PUT /v1/connector-places``)
+Places = Callable[[str, str], str | None]
+
+
+def no_places(_platform: str, _place: str) -> str | None:
+    return None
+
+
+def user_for(
+    platform: str, place: str, mapping: Mapping[str, str], default: str | None, places: Places = no_places
+) -> str:
+    """The memstream user of a workspace or chat: its mapping (environment, then the key file's), else the
+    connector's one user."""
+    user = mapping.get(place) or places(platform, place) or default
     if user is None:
-        raise Refused(403, "unmapped", f"{platform} {place!r} belongs to no memstream user")
+        raise Refused(
+            403, "unmapped", f"{platform} {place!r} belongs to no memstream user (map it: docs/connectors.md)"
+        )
     return user
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from slack_sdk.signature import SignatureVerifier
 
 from services.ingest.platforms import slack_conversation, slack_key
-from streams.gateway.connectors.base import Delete, Mapped, Post, Question, Refused, user_for, when
+from streams.gateway.connectors.base import Delete, Mapped, Places, Post, Question, Refused, no_places, user_for, when
 
 #: message subtypes that are someone saying something (others are notices: joins, topic changes, ...)
 _SAID = {None, "thread_broadcast", "file_share", "me_message"}
@@ -26,8 +26,14 @@ class SlackConnector:
     platform = "slack"
 
     def __init__(
-        self, signing_secret: str, user: str | None, workspaces: Mapping[str, str], window_s: int = 300
+        self,
+        signing_secret: str,
+        user: str | None,
+        workspaces: Mapping[str, str],
+        window_s: int = 300,
+        places: Places = no_places,
     ) -> None:
+        self.places = places
         self.verifier = SignatureVerifier(signing_secret)
         self.user = user
         self.workspaces = dict(workspaces)
@@ -52,7 +58,7 @@ class SlackConnector:
         if kind != "event_callback" or not isinstance(payload.get("event"), dict):
             return Mapped(ignored=f"type {kind}")
         team = str(payload.get("team_id") or "")
-        user = user_for("Slack workspace", team, self.workspaces, self.user)
+        user = user_for("slack", team, self.workspaces, self.user, self.places)
         event = payload["event"]
         delivery = str(payload.get("event_id") or "") or None
         if event.get("type") == "app_mention":

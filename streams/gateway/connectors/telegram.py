@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.ingest.platforms import telegram_conversation, telegram_key
-from streams.gateway.connectors.base import Delete, Mapped, Post, Question, Refused, user_for, when
+from streams.gateway.connectors.base import Delete, Mapped, Places, Post, Question, Refused, no_places, user_for, when
 
 _NEW = ("message", "channel_post", "business_message")
 #: a command to the bot: /ask, or /ask@TheBot in a group
@@ -27,7 +27,10 @@ _EDITED = ("edited_message", "edited_channel_post", "edited_business_message")
 class TelegramConnector:
     platform = "telegram"
 
-    def __init__(self, secret_token: str, user: str | None, chats: Mapping[str, str]) -> None:
+    def __init__(
+        self, secret_token: str, user: str | None, chats: Mapping[str, str], places: Places = no_places
+    ) -> None:
+        self.places = places
         self.secret = secret_token.encode()
         self.user = user
         self.chats = dict(chats)
@@ -54,7 +57,7 @@ class TelegramConnector:
         deleted = payload.get("deleted_business_messages")
         if isinstance(deleted, dict):
             chat = str((deleted.get("chat") or {}).get("id", ""))
-            user = user_for("Telegram chat", chat, self.chats, self.user)
+            user = user_for("telegram", chat, self.chats, self.user, self.places)
             ids = [str(i) for i in deleted.get("message_ids") or []]
             return Mapped(deletes=[Delete(_key(chat, i), user) for i in ids], delivery_id=delivery)
         return Mapped(ignored="no message in the update", delivery_id=delivery)
@@ -68,7 +71,7 @@ class TelegramConnector:
             return None
         asked = text[command.end() :].strip() if command else text
         chat = str((message.get("chat") or {}).get("id", ""))
-        user = user_for("Telegram chat", chat, self.chats, self.user)
+        user = user_for("telegram", chat, self.chats, self.user, self.places)
         if not asked or (message.get("from") or {}).get("is_bot"):
             return None
         try:
@@ -81,7 +84,7 @@ class TelegramConnector:
     def _post(self, message: dict[str, Any], edited: bool) -> Post | None:
         chat = message.get("chat") or {}
         chat_id = str(chat.get("id", ""))
-        user = user_for("Telegram chat", chat_id, self.chats, self.user)
+        user = user_for("telegram", chat_id, self.chats, self.user, self.places)
         sender = message.get("from") or {}
         if sender.get("is_bot"):
             return None
