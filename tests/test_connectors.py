@@ -200,12 +200,12 @@ def test_the_webhook_checks_its_hmac_and_replay_window() -> None:
 async def test_an_edit_forgets_the_version_memory_holds_and_a_repeat_changes_nothing(tmp_path: Path) -> None:
     versions = VersionBook(tmp_path / "v.sqlite3")
     when = datetime(2024, 5, 1, tzinfo=UTC)
-    first = Post("slack:T:C:1", "ana", "slack:T:C", "Ana", "I live in Berln.", when)
+    first = Post("slack:T:C:1", "slack:T:C", "Ana", "I live in Berln.", when, user_id="ana")
     ops = await operations("slack", Mapped(posts=[first]), versions)
     assert [type(e).__name__ for e in ops.events] == ["ChatMessage"]
     await versions.set(first.key, first.event_id)
     assert (await operations("slack", Mapped(posts=[first]), versions)).events == []  # a retry, an import
-    edit = Post("slack:T:C:1", "ana", "slack:T:C", "Ana", "I live in Berlin.", when, version="9")
+    edit = Post("slack:T:C:1", "slack:T:C", "Ana", "I live in Berlin.", when, version="9", user_id="ana")
     ops = await operations("slack", Mapped(posts=[edit]), versions)
     forget, message = ops.events
     assert isinstance(forget, Forget) and forget.target == "slack:T:C:1" and forget.scope == "message"

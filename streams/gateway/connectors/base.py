@@ -56,25 +56,15 @@ class Refused(Exception):
 
 
 @dataclass(frozen=True)
-class Post:
-    """One version of a platform message. ``key`` names the message across its edits; ``version`` is "" for the
-    message as first sent, else the edit's stamp."""
+class Post(PlatformPost):
+    """One version of a platform message (``PlatformPost``: ``key`` names it across edits, ``version`` is "" as
+    first sent, else the edit's stamp), for the memstream user ``user_id``."""
 
-    key: str
-    user_id: str
-    conversation_id: str
-    speaker: str
-    text: str
-    when: datetime
-    version: str = ""
-
-    @property
-    def event_id(self) -> str:
-        return self.key if not self.version else f"{self.key}:v{self.version}"
+    user_id: str = ""
 
     @classmethod
     def of(cls, post: PlatformPost, user_id: str) -> Post:
-        return cls(post.key, user_id, post.conversation_id, post.speaker, post.text, post.when, post.version)
+        return cls(post.key, post.conversation_id, post.speaker, post.text, post.when, post.version, user_id)
 
 
 @dataclass(frozen=True)

@@ -115,4 +115,4 @@ def _post(team: str, channel: str, user: str, message: dict[str, Any], version: 
         said = when(ts)
     except ValueError as exc:
         raise Refused(400, "malformed", f"a Slack ts is seconds.micro, not {ts!r}") from exc
-    return Post(_key(team, channel, ts), user, slack_conversation(team, channel), speaker, text, said, version)
+    return Post(_key(team, channel, ts), slack_conversation(team, channel), speaker, text, said, version, user)

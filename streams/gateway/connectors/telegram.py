@@ -99,7 +99,7 @@ class TelegramConnector:
         except (KeyError, TypeError, ValueError) as exc:
             raise Refused(400, "malformed", "a Telegram message needs date (and edit_date when edited)") from exc
         key = _key(chat_id, str(message.get("message_id", "")))
-        return Post(key, user, telegram_conversation(chat_id), str(speaker), text, said, version)
+        return Post(key, telegram_conversation(chat_id), str(speaker), text, said, version, user)
 
 
 def _key(chat: str, message_id: str) -> str:

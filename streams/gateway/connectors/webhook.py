@@ -75,12 +75,12 @@ class WebhookConnector:
         posts = [
             Post(
                 f"{prefix}:{m.id}",
-                self.user,
                 f"{prefix}:{m.conversation}",
                 m.speaker,
                 m.text,
                 m.time,
                 "" if m.edited_at is None else str(int(m.edited_at.timestamp())),
+                self.user,
             )
             for m in body.messages
         ]
