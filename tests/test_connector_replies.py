@@ -54,9 +54,12 @@ class StandIn:
         self.limited = False
         self.app = FastAPI()
         self.app.post("/slack/api/{method}")(self.slack)
+        self.app.get("/slack/api/{method}")(self.slack)  # slack_sdk reads (users.info) with GET
         self.app.post("/telegram/bot{token}/{method}")(self.telegram)
 
     async def _fields(self, request: Request) -> dict[str, Any]:
+        if request.method == "GET":
+            return dict(request.query_params)
         raw = await request.body()
         if request.headers.get("content-type", "").startswith("application/json"):
             data: dict[str, Any] = json.loads(raw or b"{}")
@@ -67,6 +70,15 @@ class StandIn:
         if request.headers.get("authorization") != f"Bearer {SLACK_BOT}":
             return JSONResponse({"ok": False, "error": "invalid_auth"})
         fields = await self._fields(request)
+        if method == "users.info":  # documented: the user id in ``user``; the answer's user has real_name
+            with self.lock:
+                self.calls.append((f"slack:{method}", fields))
+            if fields.get("user") != "U0ANNA":
+                return JSONResponse({"ok": False, "error": "user_not_found"})
+            return {
+                "ok": True,
+                "user": {"id": "U0ANNA", "real_name": "Anna Lima", "profile": {"real_name": "Anna Lima"}},
+            }
         needed = {"chat.postMessage": {"channel", "text"}, "chat.update": {"channel", "ts", "text"}}.get(method)
         if needed is None or not needed <= set(fields):
             return JSONResponse({"ok": False, "error": "invalid_arguments"})
@@ -202,3 +214,26 @@ def test_a_telegram_ask_command_is_answered_as_a_reply(world: tuple[Stack, Stand
     wait_until(finished, "the answer edited into the reply", stack)
     sent = stand_in.of("telegram:sendMessage")[0][1]
     assert int(sent["chat_id"]) == CHAT and json.loads(sent["reply_parameters"])["message_id"] == 42
+
+
+def test_a_slack_message_without_a_profile_is_memorized_under_its_authors_name(world: tuple[Stack, StandIn]) -> None:
+    from services.adapters.minilm import MiniLMEmbedder
+    from services.adapters.sqlite import SqliteMemoryStore
+
+    stack, stand_in = world
+    ts = f"{time.time():.6f}"
+    said = {"type": "message", "channel": CHANNEL, "user": "U0ANNA", "text": "I adopted a cat called Miso.", "ts": ts}
+    body = body_of(slack_event(said, event_id="EvName"))
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        assert http.post("/v1/connectors/slack/events", content=body, headers=slack_signed(body)).status_code == 200
+
+    def theses() -> list[str]:
+        async def read() -> list[str]:
+            async with await SqliteMemoryStore.open(stack.settings.store_path, dim=MiniLMEmbedder.dim) as store:
+                return [v.name for v in await store.stores().graph.valid_theses("ana", limit=100)]
+
+        return asyncio.run(read())
+
+    wait_until(lambda: any("Miso" in t for t in theses()), "the message memorized", stack)
+    assert any("Anna Lima" in t and "Miso" in t for t in theses()), theses()
+    assert ("slack:users.info", {"user": "U0ANNA"}) in [(m, {"user": f.get("user")}) for m, f in stand_in.calls]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -42,10 +43,11 @@ from streams.gateway.auth import (
     rate_limiter,
     scoped_parse,
 )
-from streams.gateway.connectors.base import Question, VersionBook, connector_router
+from streams.gateway.connectors.base import Post, Question, VersionBook, connector_router
 from streams.gateway.connectors.imports import import_router
 from streams.gateway.connectors.registry import configured, configured_repliers
-from streams.gateway.connectors.replies import Thread, answer_back
+from streams.gateway.connectors.replies import SlackReplier, Thread, answer_back
+from streams.gateway.connectors.slack import SLACK_USER_ID
 from streams.gateway.dead_letters import DeadLetterBook, DeadLetterFeed, dead_letter_router
 from streams.gateway.forget import (
     ForgetBook,
@@ -378,6 +380,14 @@ def create_app(
         task.add_done_callback(replying.discard)
         return True
 
+    async def speaker_names(platform: str, post: Post) -> Post:
+        """A Slack message that names its author by id only: the name from Slack, when a bot token lets us ask."""
+        replier = repliers.get(platform)
+        if not isinstance(replier, SlackReplier) or not SLACK_USER_ID.fullmatch(post.speaker):
+            return post
+        name = await replier.name_of(post.speaker)
+        return dataclasses.replace(post, speaker=name) if name else post
+
     # Slack, Telegram and signed webhooks: messages in, edits and deletions as memory operations, questions to
     # the bot answered back where they were asked; platform exports through /v1/imports
     connectors = connector_router(
@@ -388,6 +398,7 @@ def create_app(
         forgets.sent,
         settings.max_body_bytes,
         ask_from_platform,
+        speaker_names,
     )
     app.include_router(connectors)
     app.include_router(import_router(produce, topics.chat, versions, forgets.sent))

@@ -266,6 +266,12 @@ async def publish(
 
 #: ``ask(platform, question)``: put the question to memory and answer it back where it was asked
 Ask = Callable[[str, Question], Awaitable[bool]]
+#: ``(platform, post) -> the post with its speaker's name``, where the platform's payload gave only an id
+Names = Callable[[str, Post], Awaitable[Post]]
+
+
+async def same_name(_platform: str, post: Post) -> Post:
+    return post
 
 
 def connector_router(
@@ -276,6 +282,7 @@ def connector_router(
     sent: Callable[[Forget], object],
     max_body_bytes: int,
     ask: Ask | None = None,
+    names: Names = same_name,
 ) -> APIRouter:
     """``POST /v1/connectors/{path}`` for each configured connector; ``sent`` registers a forget for its status
     (``GET /v1/forget/{id}``); ``ask`` takes the questions to the bot (None: they are not answered). Routes of
@@ -293,6 +300,7 @@ def connector_router(
         try:
             connector.verify(headers, body, time.time())
             mapped = connector.map(parse_json(body, max_body_bytes, f"the {platform} request"))
+            mapped.posts = [await names(platform, post) for post in mapped.posts]
             repeated = mapped.delivery_id is not None and mapped.delivery_id in recent[path]
             ops = None if repeated else await operations(platform, mapped, versions)
         except Refused as exc:

@@ -59,6 +59,20 @@ class SlackReplier:
 
         self.client = AsyncWebClient(token=token, base_url=api_url)
         self.client.retry_handlers.append(AsyncRateLimitErrorRetryHandler(max_retry_count=3))
+        self._names: dict[str, str | None] = {}
+
+    async def name_of(self, user: str) -> str | None:
+        """A Slack user's name (``users.info``, scope ``users:read``), once per user per gateway; None when Slack
+        will not say (the message keeps the user id as its speaker)."""
+        if user not in self._names:
+            try:
+                found = (await self.client.users_info(user=user))["user"]
+            except Exception as exc:  # no scope, unknown user, Slack away: the id stands, said in the log
+                log.warning("slack_user_name_unknown", user=user, error=repr(exc)[:200])
+                return None  # not cached: the next message tries again
+            profile = found.get("profile") or {}
+            self._names[user] = found.get("real_name") or profile.get("real_name") or profile.get("display_name")
+        return self._names[user]
 
     async def post(self, where: Thread, text: str) -> str:
         response = await self.client.chat_postMessage(channel=where.channel, thread_ts=where.thread, text=text)

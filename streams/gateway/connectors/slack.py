@@ -18,6 +18,8 @@ from slack_sdk.signature import SignatureVerifier
 from services.ingest.platforms import slack_conversation, slack_key
 from streams.gateway.connectors.base import Delete, Mapped, Places, Post, Question, Refused, no_places, user_for, when
 
+#: how Slack names a person by id (``U...``, ``W...`` in Enterprise Grid)
+SLACK_USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
 #: message subtypes that are someone saying something (others are notices: joins, topic changes, ...)
 _SAID = {None, "thread_broadcast", "file_share", "me_message"}
 
