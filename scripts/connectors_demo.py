@@ -46,6 +46,11 @@ TEAM, CHANNEL, CHAT = "T0DEMO", "C0DEMO", -100777
 def stand_in(calls: list[str]) -> FastAPI:
     app = FastAPI()
 
+    @app.get("/slack/api/users.info")
+    async def slack_user(user: str) -> Any:  # the gateway names authors whose events carry only their id
+        print(f"  [slack] users.info user={user}", flush=True)
+        return {"ok": True, "user": {"id": user, "real_name": {"U1": "Anna", "U2": "Ben"}.get(user, user)}}
+
     @app.post("/slack/api/{method}")
     async def slack(method: str, request: Request) -> Any:
         fields = json.loads(await request.body() or b"{}")
@@ -90,6 +95,15 @@ def wait_for(what: str, done: Any, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise SystemExit(f"demo: {what}: not within {timeout_s:.0f} s")
         time.sleep(0.5)  # poll interval of a deadline wait
+
+
+async def theses(settings: Settings) -> list[str]:
+    """What memory holds for the demo user, as statements (read from the store while the worker runs)."""
+    from services.adapters.minilm import MiniLMEmbedder
+    from services.adapters.sqlite import SqliteMemoryStore
+
+    async with await SqliteMemoryStore.open(settings.store_path, dim=MiniLMEmbedder.dim) as store:
+        return [v.name for v in await store.stores().graph.valid_theses("demo", limit=50)]
 
 
 def main() -> None:
@@ -143,6 +157,8 @@ def main() -> None:
             stats = lambda: http.get("/v1/stats/demo", headers={"authorization": f"Bearer {key}"}).json()  # noqa: E731
             wait_for("the messages memorized", lambda: stats().get("events", 0) >= 2, args.timeout)
             print(f"demo: memory of 'demo': {stats()}", flush=True)
+            for thesis in asyncio.run(theses(settings)):
+                print(f"  - {thesis}", flush=True)
             ask_ts = f"{time.time():.6f}"
             mention = {"type": "app_mention", "channel": CHANNEL, "user": "U2", "ts": ask_ts, "event_ts": ask_ts}
             slack_post(http, {**mention, "text": "<@UBOT> Where does Anna work now?"}, "Ev3")
