@@ -49,7 +49,7 @@ def stand_in(calls: list[str]) -> FastAPI:
     @app.get("/slack/api/users.info")
     async def slack_user(user: str) -> Any:  # the gateway names authors whose events carry only their id
         print(f"  [slack] users.info user={user}", flush=True)
-        return {"ok": True, "user": {"id": user, "real_name": {"U1": "Anna", "U2": "Ben"}.get(user, user)}}
+        return {"ok": True, "user": {"id": user, "real_name": {"U0ANNA01": "Anna", "U0CLEO02": "Cleo"}.get(user, user)}}
 
     @app.post("/slack/api/{method}")
     async def slack(method: str, request: Request) -> Any:
@@ -141,13 +141,13 @@ def main() -> None:
         with httpx.Client(base_url=stack.url, timeout=60) as http:
             said = time.time()
             ts = f"{said:.6f}"
-            anna = {"type": "message", "channel": CHANNEL, "user": "U1", "ts": ts, "event_ts": ts}
+            anna = {"type": "message", "channel": CHANNEL, "user": "U0ANNA01", "ts": ts, "event_ts": ts}
             slack_post(http, {**anna, "text": "I just started my new job as a nurse at St Mary's hospital."}, "Ev1")
             edited = f"{said + 1:.6f}"
             changed = {
                 "type": "message", "subtype": "message_changed", "channel": CHANNEL, "ts": edited,
                 "message": {**anna, "text": "I just started my new job as a nurse at Mercy hospital.",
-                            "edited": {"user": "U1", "ts": edited}},
+                            "edited": {"user": "U0ANNA01", "ts": edited}},
             }  # fmt: skip
             slack_post(http, changed, "Ev2")
             now = int(time.time())
@@ -160,7 +160,7 @@ def main() -> None:
             for thesis in asyncio.run(theses(settings)):
                 print(f"  - {thesis}", flush=True)
             ask_ts = f"{time.time():.6f}"
-            mention = {"type": "app_mention", "channel": CHANNEL, "user": "U2", "ts": ask_ts, "event_ts": ask_ts}
+            mention = {"type": "app_mention", "channel": CHANNEL, "user": "U0CLEO02", "ts": ask_ts, "event_ts": ask_ts}
             slack_post(http, {**mention, "text": "<@UBOT> Where does Anna work now?"}, "Ev3")
             question = {**ben, "message_id": 12, "chat": group, "text": "/ask Where does Ben live?"}
             question["from"] = {"id": 6, "is_bot": False, "first_name": "Cleo"}
