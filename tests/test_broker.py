@@ -71,7 +71,7 @@ async def test_broker_serves_a_consumer_group_and_commits_offsets(broker: Embedd
 
 async def test_ensure_topics_creates_every_contract_topic_once(broker: EmbeddedBroker, settings: Settings) -> None:
     names = TopicNames.from_settings(settings).all()
-    assert len(names) == 7 and all(n.startswith(settings.topic_prefix + ".") for n in names)
+    assert len(names) == 9 and all(n.startswith(settings.topic_prefix + ".") for n in names)
     assert sorted(await ensure_topics(settings, broker.bootstrap)) == sorted(names)
     assert await ensure_topics(settings, broker.bootstrap) == []  # idempotent
     admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)

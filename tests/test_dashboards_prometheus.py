@@ -67,6 +67,8 @@ def _answer(request: LLMRequest) -> str | dict[str, Any]:
         raise RuntimeError("the model crashed")
     if "GARBLE" in question:
         return "garbled output"
+    if "SLOW" in question:  # a long answer, written slowly: its asker cancels it halfway
+        return {"answer": "Anna works " + "and works " * 300, "found": True}
     if "FLAKY" in question and question not in _flaky_seen:
         _flaky_seen.add(question)
         raise ConnectionError("model server unreachable")  # transient: the retry layer tries again
@@ -74,7 +76,9 @@ def _answer(request: LLMRequest) -> str | dict[str, Any]:
 
 
 def troubled_llm() -> ScriptedLLM:
-    return ScriptedLLM({**MEMORIZE_RULES, "extract": _extract, "answer": _answer}, model="scripted-troubled")
+    rules = {**MEMORIZE_RULES, "extract": _extract, "answer": _answer}
+    # answers stream, a few characters every 20 ms (the first-text panel); memorize calls do not stream
+    return ScriptedLLM(rules, model="scripted-troubled", stream=True, piece_chars=8, piece_delay_s=0.02)
 
 
 # -- dashboards as files -
@@ -294,7 +298,12 @@ def wave(stack: Stack, n: int) -> None:
             client.ask("alice", f"EXPLODE {n}"),
         ]
         statuses = [client.wait_answer(q, 60)["status"] for q in asked]
-    assert statuses == ["answered", "no_answer", "answered", "error", "error"]
+        slow = client.ask("alice", f"SLOW {n}: where does Anna work?")
+        event, _ = next(client.answer_events(slow, 60))  # the first piece is out: the model is writing
+        assert event == "text"
+        client.cancel(slow)  # the cancel panel
+        statuses.append(client.wait_answer(slow, 60)["status"])
+    assert statuses == ["answered", "no_answer", "answered", "error", "error", "cancelled"]
 
 
 def stream_trace(stack: Stack, user: str, question: str) -> None:
