@@ -169,8 +169,9 @@ def main() -> None:
             auth = {"authorization": f"Bearer {key}"}
 
             def replied() -> bool:  # the gateway counts an answer posted back once its last edit is done
-                page = http.get("/metrics", headers=auth).text
-                return all(f'memstream_connector_replies_total{{platform="{p}"' in page for p in ("slack", "telegram"))
+                lines = [line for line in http.get("/metrics", headers=auth).text.splitlines()
+                         if line.startswith("memstream_connector_replies_total{")]  # fmt: skip
+                return all(any(f'platform="{p}"' in line for line in lines) for p in ("slack", "telegram"))
 
             wait_for("both answers", replied, args.timeout)
     finally:
