@@ -12,6 +12,7 @@ comes from ``VersionBook``, kept beside the gateway's outbox.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from collections import OrderedDict
@@ -162,9 +163,11 @@ class VersionBook:
         async with self._lock:
             return await asyncio.to_thread(lambda: self._db().execute(sql, args).fetchall())
 
-    async def current(self, key: str) -> str | None:
-        rows = await self._run("SELECT event_id FROM versions WHERE key = ?", key)
-        return rows[0][0] if rows else None
+    async def current(self, keys: Sequence[str]) -> dict[str, str]:
+        """The version memory holds of each of ``keys`` that has one, in one read."""
+        rows = await self._run("SELECT key, event_id FROM versions WHERE key IN (SELECT value FROM json_each(?))",
+                               json.dumps(list(keys)))  # fmt: skip
+        return dict(rows)  # type: ignore[arg-type]
 
     async def set(self, key: str, event_id: str) -> None:
         await self._run("INSERT OR REPLACE INTO versions (key, event_id) VALUES (?, ?)", key, event_id)
@@ -218,12 +221,18 @@ def forget_of(event_id: str, user_id: str) -> Forget:
 
 async def operations(platform: str, mapped: Mapped, versions: VersionBook) -> Operations:
     ops = Operations()
+    # what memory holds of every message the request touches, read once; the request's own changes then apply
+    stored = await versions.current([p.key for p in mapped.posts] + [d.key for d in mapped.deletes])
+
+    def held(key: str) -> str | None:
+        return ops.versions[key] if key in ops.versions else stored.get(key)
+
     for post in mapped.posts:
-        held = ops.versions.get(post.key) if post.key in ops.versions else await versions.current(post.key)
-        if held == post.event_id:
+        held_id = held(post.key)
+        if held_id == post.event_id:
             continue  # this version is memorized already (a retry, or imported before)
-        if held is not None:  # an edit: the version memory holds goes, the new one comes
-            ops.forgets.append(forget_of(held, post.user_id))
+        if held_id is not None:  # an edit: the version memory holds goes, the new one comes
+            ops.forgets.append(forget_of(held_id, post.user_id))
             ops.events.append(ops.forgets[-1])
         message = inputs.validate(
             ChatMessage,
@@ -241,9 +250,9 @@ async def operations(platform: str, mapped: Mapped, versions: VersionBook) -> Op
         ops.events.append(message)
         ops.versions[post.key] = post.event_id
     for deleted in mapped.deletes:
-        held = ops.versions.get(deleted.key) if deleted.key in ops.versions else await versions.current(deleted.key)
+        held_id = held(deleted.key)
         # never seen here (sent before the connector was set up, or imported elsewhere): its first version
-        target = held or deleted.key
+        target = held_id or deleted.key
         ops.forgets.append(forget_of(target, deleted.user_id))
         ops.events.append(ops.forgets[-1])
         ops.versions[deleted.key] = None
