@@ -433,6 +433,11 @@ class TraceStore:
         entry.push("answer", answer)
         self._changed()
 
+    def answered(self, query_id: str) -> bool | None:
+        """Whether the query's answer arrived; None for a query not held."""
+        entry = self._entries.get(query_id)
+        return None if entry is None else entry.answer is not None
+
     def user_of(self, query_id: str) -> str | None:
         entry = self._entries.get(query_id)
         return entry.user_id if entry is not None else None

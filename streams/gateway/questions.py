@@ -111,8 +111,7 @@ class AnswerStreams:
                 task.add_done_callback(self._pending.discard)
 
     def unanswered(self, query_id: str) -> bool:
-        trace = self.traces.get(query_id)
-        return trace is not None and trace.answer is None
+        return self.traces.answered(query_id) is False
 
     async def _cancel_if_abandoned(self, query_id: str) -> None:
         await asyncio.sleep(self.obs.cancel_grace_s)  # a reader that reconnects within the grace keeps it going
