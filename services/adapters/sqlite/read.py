@@ -32,10 +32,12 @@ def get_vertices(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> dic
 
 
 def find_objects(conn: apsw.Connection, user_id: str, normalized_names: Sequence[str]) -> dict[str, Vertex]:
+    # driven by the names (CROSS JOIN keeps that order), one lookup each in vertices_by_name: with the IN list
+    # SQLite's planner scanned all of the user's vertices instead (45 ms at 100k triplets, linear in the memory)
     rows = conn.execute(
-        f"SELECT {VERTEX_COLUMNS} FROM vertices WHERE user_id = ? AND kind = 'object' AND norm_name IN {_IN_LIST} "
-        "ORDER BY id",
-        (user_id, json_list(normalized_names)),
+        f"SELECT {_prefixed(VERTEX_COLUMNS, 'v')} FROM json_each(?) n CROSS JOIN vertices v "
+        "ON v.user_id = ? AND v.kind = 'object' AND v.norm_name = n.value ORDER BY v.id",
+        (json_list(normalized_names), user_id),
     )
     found: dict[str, Vertex] = {}
     for row in rows:
@@ -55,14 +57,16 @@ def neighbors(
         return []
     kinds = [EdgeKind(kind).value for kind in edge_kinds] if edge_kinds is not None else [k.value for k in EdgeKind]
     # one statement for the whole frontier: outgoing and incoming edges (a self-loop only once), ranked per
-    # frontier vertex so ``limit_per_vertex`` applies to each, then both ends joined in
+    # frontier vertex so ``limit_per_vertex`` applies to each, then both ends joined in. CROSS JOIN keeps the
+    # frontier outside, one index lookup per vertex: with a plain JOIN the planner scanned every edge of the user
+    # (80 ms a call at 10k triplets, linear in the memory)
     sql = f"""
         WITH frontier (vid, pos) AS (SELECT value, key FROM json_each(?)),
         hits AS (
-            SELECT f.pos, e.* FROM frontier f JOIN edges e ON e.user_id = ? AND e.source = f.vid
+            SELECT f.pos, e.* FROM frontier f CROSS JOIN edges e ON e.user_id = ? AND e.source = f.vid
             WHERE e.kind IN {_IN_LIST}
             UNION ALL
-            SELECT f.pos, e.* FROM frontier f JOIN edges e ON e.user_id = ? AND e.target = f.vid
+            SELECT f.pos, e.* FROM frontier f CROSS JOIN edges e ON e.user_id = ? AND e.target = f.vid
             WHERE e.kind IN {_IN_LIST} AND e.source != e.target
         ),
         ranked AS (

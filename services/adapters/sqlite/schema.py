@@ -11,6 +11,7 @@ from services import ids
 from services.domain import Vertex
 from services.logging import get_logger
 
+from . import signs
 from .codec import EDGE_COLUMNS, VERTEX_COLUMNS, dt_to_text, props_to_text, row_edge, row_vertex
 
 log = get_logger(__name__)
@@ -64,7 +65,7 @@ def _ddl(dim: int) -> list[str]:
         # the user id as one opaque token, so FTS5 narrows a MATCH to one user inside the index
         """CREATE TABLE IF NOT EXISTS items (
             item_no INTEGER PRIMARY KEY, user_id TEXT NOT NULL, user_key TEXT NOT NULL, id TEXT NOT NULL,
-            kind TEXT NOT NULL, text TEXT NOT NULL, UNIQUE (user_id, id))""",
+            kind TEXT NOT NULL, text TEXT NOT NULL, sign BLOB, UNIQUE (user_id, id))""",
         f"""CREATE VIRTUAL TABLE IF NOT EXISTS vectors USING vec0(
             user_id TEXT PARTITION KEY, kind TEXT, embedding FLOAT[{dim}] distance_metric=cosine,
             chunk_size={VEC_CHUNK_SIZE})""",
@@ -90,6 +91,7 @@ _ADDED_COLUMNS = (
     ("edges", "t_expired", "TEXT"),
     ("edges", "t_invalid", "TEXT"),
     ("edges", "invalidated_by", "TEXT"),
+    ("items", "sign", "BLOB"),  # the vector's sign bits (``signs``): a big user's dense search scans these
 )
 
 
@@ -101,6 +103,8 @@ def _migrate(conn: apsw.Connection) -> None:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
+#: meta key recording that every indexed text has its sign bits (``signs.backfill``)
+SIGNS_STORED = "signs_stored"
 #: meta key recording that relation edges took their validity from their staters (``_derive_edge_validity``)
 EDGE_VALIDITY_DERIVED = "edge_validity_derived"
 
@@ -159,6 +163,12 @@ def create_schema(conn: apsw.Connection, dim: int) -> None:
         elif stored.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"store schema {stored.get('schema_version')}, this code knows {SCHEMA_VERSION}")
         _derive_edge_validity(conn, stored)
+        if not stored.get(SIGNS_STORED):
+            # once per file: texts indexed by older code get their sign bits; new code writes them with the text
+            filled = signs.backfill(conn)
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, '1')", (SIGNS_STORED,))
+            if filled:
+                log.info("sqlite_sign_bits_backfilled", items=filled)
     except BaseException:
         conn.execute("ROLLBACK")
         raise

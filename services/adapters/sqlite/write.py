@@ -27,6 +27,7 @@ from .codec import (
     vertex_row,
 )
 from .read import seen_events
+from .signs import note_deletion, sign_blob
 
 _INSERT_VERTEX = f"INSERT OR IGNORE INTO vertices ({VERTEX_COLUMNS}) VALUES ({', '.join('?' * N_VERTEX_COLUMNS)})"
 _INSERT_EDGE = f"INSERT OR IGNORE INTO edges ({EDGE_COLUMNS}) VALUES ({', '.join('?' * N_EDGE_COLUMNS)})"
@@ -69,8 +70,8 @@ def _index(conn: apsw.Connection, user: str, vectors: Sequence[VectorItem], dim:
     key = user_key(user)
     for item in vectors:
         conn.execute(
-            "INSERT OR IGNORE INTO items (user_id, user_key, id, kind, text) VALUES (?, ?, ?, ?, ?)",
-            (user, key, item.id, item.kind, item.text),
+            "INSERT OR IGNORE INTO items (user_id, user_key, id, kind, text, sign) VALUES (?, ?, ?, ?, ?, ?)",
+            (user, key, item.id, item.kind, item.text, sign_blob(item.vector)),
         )
         if not conn.changes():
             continue
@@ -208,6 +209,8 @@ def _unindex(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> None:
         "SELECT item_no, text, kind FROM items WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
         (user_id, json_list(ids)),
     ).fetchall()
+    if rows:
+        note_deletion(conn)  # every process's in-memory sign bits reload (an item number may be reused)
     for item_no, text, kind in rows:
         conn.execute(
             "INSERT INTO fts (fts, rowid, text, user_key, kind) VALUES ('delete', ?, ?, ?, ?)",
