@@ -18,10 +18,6 @@ RRF_K = 60
 VEC_MAX_K = 4096  # vec0's limit on k
 HYBRID_DEPTH = 3  # each ranking fused in hybrid search is this many times k deep (at least 30)
 _IN_LIST = "(SELECT value FROM json_each(?))"
-# vec0's own tables for the ``vectors`` table (sqlite-vec 0.1's layout): where each rowid's vector sits, and the
-# chunks of vectors; read directly only to re-rank a big user's candidates (``_rerank``)
-VEC_ROWIDS = "vectors_rowids"
-VEC_CHUNKS = "vectors_vector_chunks00"
 
 
 def _filters(
@@ -74,40 +70,25 @@ def _rerank(
     dim: int,
     candidates: list[int],
 ) -> list[VectorHit]:
-    """The exact cosine of each candidate, in the exact search's order (distance, then id). A vector is read from
-    its vec0 chunk by incremental blob I/O: a point lookup through vec0 itself reads the candidate's whole chunk
-    (256 vectors), which made re-ranking a few hundred candidates as slow as the full scan."""
+    """The exact cosine of each candidate (its vector from ``item_vectors``, one point read: through vec0 a point
+    read loads the candidate's whole chunk of 256 vectors), in the exact search's order: distance, then id."""
     if not candidates:
         return []
     where = f" AND i.kind IN {_IN_LIST}" if kinds else ""
     rows: list[Any] = conn.execute(
-        f"""SELECT i.id, r.chunk_id, r.chunk_offset
+        f"""SELECT i.id, iv.embedding
             FROM json_each(?) c CROSS JOIN items i ON i.item_no = c.value
-            CROSS JOIN {VEC_ROWIDS} r ON r.rowid = i.item_no
+            CROSS JOIN item_vectors iv ON iv.item_no = i.item_no
             WHERE i.user_id = ?{where}""",
         (json.dumps(candidates), user_id, *([json_list(kinds)] if kinds else [])),
     ).fetchall()
     if not rows:
         return []
-    size = dim * 4
-    found = np.empty((len(rows), dim), dtype=np.float32)
-    blob = None
-    try:
-        for n, (_, chunk, offset) in enumerate(sorted(rows, key=lambda r: (r[1], r[2]))):
-            if blob is None:
-                blob = conn.blob_open("main", VEC_CHUNKS, "vectors", chunk, False)
-            else:
-                blob.reopen(chunk)
-            blob.seek(offset * size)
-            found[n] = np.frombuffer(blob.read(size), dtype=np.float32)
-    finally:
-        if blob is not None:
-            blob.close()
-    ordered = sorted(rows, key=lambda r: (r[1], r[2]))
+    found = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype=np.float32).reshape(len(rows), dim)
     query = np.asarray(vector, dtype=np.float32)
     norms = np.linalg.norm(found, axis=1) * float(np.linalg.norm(query))
     distances = 1.0 - (found @ query) / np.maximum(norms, 1e-30)
-    hits = sorted(zip(distances.tolist(), (r[0] for r in ordered), strict=True))[:k]
+    hits = sorted(zip(distances.tolist(), (str(r[0]) for r in rows), strict=True))[:k]
     return [VectorHit(id=id_, score=1.0 - distance) for distance, id_ in hits]
 
 

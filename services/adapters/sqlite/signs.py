@@ -27,10 +27,10 @@ import numpy as np
 
 #: below this many indexed texts a user's dense search stays vec0's exact scan (it is fast enough there)
 MIN_ITEMS = 20_000
-# each candidate's vector is read from vec0 by rowid (about 25 us each here): 2 x k keeps the re-ranking near
-# 10 ms for flat's 180-deep search; the recall this costs is measured in docs/benchmarks.md
-OVERSAMPLE = 2
-MIN_CANDIDATES = 128
+# a candidate's vector is one point read (``item_vectors``, ~10 us): 4 x k candidates kept flat's 180-deep search
+# near 11 ms at 1M triplets with recall@10 0.99 and recall@180 0.87 (8 x k: 32 ms, 0.99 and 0.95; docs/benchmarks.md)
+OVERSAMPLE = 4
+MIN_CANDIDATES = 256
 DELETED_KEY = "items_deleted"
 
 
@@ -186,19 +186,22 @@ def note_deletion(conn: apsw.Connection) -> None:
 
 
 def backfill(conn: apsw.Connection, batch: int = 10_000) -> int:
-    """Sign bits for texts indexed before they were stored (a file written by older code), from their vectors."""
-    done = 0
+    """Sign bits and the vector copy (``item_vectors``) of texts indexed by older code, from vec0's vectors."""
+    done = after = 0
     while True:
         rows: list[Any] = conn.execute(
-            "SELECT i.item_no, v.embedding FROM items i JOIN vectors v ON v.rowid = i.item_no "
-            "WHERE i.sign IS NULL LIMIT ?",
-            (batch,),
+            "SELECT i.item_no, v.embedding FROM items i JOIN vectors v ON v.rowid = i.item_no WHERE i.item_no > ? "
+            "AND (i.sign IS NULL OR NOT EXISTS (SELECT 1 FROM item_vectors iv WHERE iv.item_no = i.item_no)) "
+            "ORDER BY i.item_no LIMIT ?",
+            (after, batch),
         ).fetchall()
         if not rows:
             return done
+        after = int(rows[-1][0])
         floats = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype=np.float32).reshape(len(rows), -1)
         signs = sign_bits(floats)
         conn.executemany(
             "UPDATE items SET sign = ? WHERE item_no = ?", [(signs[i].tobytes(), r[0]) for i, r in enumerate(rows)]
         )
+        conn.executemany("INSERT OR REPLACE INTO item_vectors (item_no, embedding) VALUES (?, ?)", rows)
         done += len(rows)

@@ -76,10 +76,12 @@ def _index(conn: apsw.Connection, user: str, vectors: Sequence[VectorItem], dim:
         if not conn.changes():
             continue
         item_no = conn.last_insert_rowid()
+        blob = vector_blob(item.vector, dim)
         conn.execute(
             "INSERT INTO vectors (rowid, user_id, kind, embedding) VALUES (?, ?, ?, ?)",
-            (item_no, user, item.kind, vector_blob(item.vector, dim)),
+            (item_no, user, item.kind, blob),
         )
+        conn.execute("INSERT INTO item_vectors (item_no, embedding) VALUES (?, ?)", (item_no, blob))
         conn.execute(
             "INSERT INTO fts (rowid, text, user_key, kind) VALUES (?, ?, ?, ?)", (item_no, item.text, key, item.kind)
         )
@@ -217,6 +219,7 @@ def _unindex(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> None:
             (item_no, text, key, kind),
         )
         conn.execute("DELETE FROM vectors WHERE rowid = ?", (item_no,))
+        conn.execute("DELETE FROM item_vectors WHERE item_no = ?", (item_no,))
         conn.execute("DELETE FROM items WHERE item_no = ?", (item_no,))
 
 
