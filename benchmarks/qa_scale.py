@@ -186,8 +186,9 @@ async def open_store(args: argparse.Namespace) -> tuple[WholeBackend, bool]:
 async def recall(store: WholeBackend, facts: list[Fact], args: argparse.Namespace, embedder: HashEmbedder) -> dict:
     """The sign-bit search's hits against vec0's exact scan, for the searches a question makes (objects by name,
     theses and messages by the question): the share of the exact top n it also returns in its top n, for the
-    whole depth the engine asks (k) and its head (10). With these synthetic vectors an exact top k beyond the
-    first few hits is near-ties of unrelated texts, so the head is the telling figure."""
+    whole depth the engine asks (k), its head (10) and its first hit. With these synthetic vectors an exact top k
+    beyond the first few hits is near-ties of unrelated texts (an object's vector is one random word vector, so
+    past its own name every other name is equally far), so the head is the telling figure."""
     exact = await SqliteMemoryStore.open(Path(args.store), DIM, sign_min_items=None)
     out: dict[str, float] = {}
     try:
@@ -195,15 +196,15 @@ async def recall(store: WholeBackend, facts: list[Fact], args: argparse.Namespac
             (["object"], 30, [f.subject for f in facts[: args.recall]]),
             (["thesis", "episodic"], 180, [question_of(f, i % 3) for i, f in enumerate(facts[: args.recall])]),
         ):
-            shared = {k: 0, 10: 0}
-            total = {k: 0, 10: 0}
+            shared = {k: 0, 10: 0, 1: 0}
+            total = {k: 0, 10: 0, 1: 0}
             for vector in embedder.vectors(texts).tolist():
                 want = [h.id for h in await exact.search(USER, kinds, vector, None, k)]
                 got = [h.id for h in await store.search(USER, kinds, vector, None, k)]
-                for n in (k, 10):
+                for n in (k, 10, 1):
                     shared[n] += len(set(want[:n]) & set(got[:n]))
                     total[n] += len(want[:n])
-            for n in (k, 10):
+            for n in (k, 10, 1):
                 out[f"{'+'.join(kinds)}@{n}"] = round(shared[n] / max(total[n], 1), 4)
     finally:
         await exact.close()

@@ -126,3 +126,42 @@ def _neighbors_sql() -> str:
 
 def _find_objects_sql() -> str:
     return _captured_sql(sql_read.find_objects, USER, ["a"])
+
+
+def test_rows_decode_to_the_validated_models() -> None:
+    """Rows are decoded without validation: the result must equal what validation gives, field types included."""
+    from datetime import UTC, datetime
+
+    from services.adapters.sqlite.codec import edge_row, row_edge, row_vertex, vertex_row
+    from services.domain import Edge, EdgeKind, EpisodeLabel, TemporalLabel
+
+    when = datetime(2023, 5, 1, 12, 30, tzinfo=UTC)
+    vertices = [
+        Vertex(id="v1", user_id=USER, kind=VertexKind.OBJECT, name="Mel"),
+        Vertex(
+            id="t1",
+            user_id=USER,
+            kind=VertexKind.THESIS,
+            name="Mel ran a race",
+            props={"holder": "Mel", "when_text": "May"},
+            t_created=when,
+            t_valid=when,
+            t_expired=when,
+            t_invalid=when,
+            invalidated_by="t2",
+            episode_label=EpisodeLabel.OPINION,
+            temporal_label=TemporalLabel.DYNAMIC,
+        ),
+    ]
+    for v in vertices:
+        row = vertex_row(v)
+        back = row_vertex(row)
+        assert back == v == Vertex(**back.model_dump())
+        assert back.model_dump(exclude_unset=True) == Vertex.model_validate(back.model_dump()).model_dump(
+            exclude_unset=True
+        )
+        assert type(back.kind) is VertexKind
+        assert back.episode_label is v.episode_label and back.temporal_label is v.temporal_label
+    edge = Edge(id="e1", user_id=USER, kind=EdgeKind.RELATION, source="v1", target="v2", relation="ran", t_valid=when)
+    back_edge = row_edge(edge_row(edge))
+    assert back_edge == edge and type(back_edge.kind) is EdgeKind
