@@ -51,6 +51,7 @@ from services.llm.factory import build_llm
 from services.llm.scripted import Responder, ScriptedLLM
 from services.logging import configure_logging
 from services.ports import LLMRequest, WholeBackend
+from services.qa.service import QAService
 from services.qa.stages import Stage
 from services.settings import Settings
 
@@ -224,8 +225,10 @@ async def measure(store: WholeBackend, facts: list[Fact], args: argparse.Namespa
     reader = Reader(by_question, forced)
     settings = Settings()
     llm = build_llm(settings, cache=store, inner=ScriptedLLM(reader.responders()))
-    engine = build_engine(settings, store.stores(), embedder, llm)
-    await store.forget(USER, None)  # the LLM cache of an earlier run on this store: every call a miss
+    # the service as the QA worker runs it: its LLM scope tags cached calls as the user's, so forgetting them below
+    # (what an earlier run on this store cached) makes every call a miss
+    engine = QAService(build_engine(settings, store.stores(), embedder, llm))
+    await store.forget(USER, None)
     events: list[StageEvent] = []
 
     async def emit(event: StageEvent) -> None:
