@@ -238,6 +238,7 @@ async def measure(store: WholeBackend, facts: list[Fact], args: argparse.Namespa
         await engine.answer(_query(q))
     rows = []
     reads_before = read_totals()
+    cpu_before = time.process_time()  # all threads: the CPU a question costs, whatever else runs on the machine
     profiler = cProfile.Profile() if args.profile else None
     if profiler:
         profiler.enable()
@@ -248,6 +249,7 @@ async def measure(store: WholeBackend, facts: list[Fact], args: argparse.Namespa
         for e in events:
             stages[Stage(e.stage).label] += e.duration_ms
         rows.append({"ms": answer.duration_ms, "calls": answer.llm_calls, "stages": stages, "q": q})
+    cpu_s = time.process_time() - cpu_before
     if profiler:
         profiler.disable()
         profiler.dump_stats(args.profile)
@@ -266,6 +268,7 @@ async def measure(store: WholeBackend, facts: list[Fact], args: argparse.Namespa
         "p99_ms": round(percentile(ms, 0.99), 1),
         "mean_ms": round(statistics.fmean(ms), 1),
         "planning_round": {"questions": len(slow), "p50_ms": round(percentile(slow, 0.5), 1)},
+        "cpu_ms_per_question": round(cpu_s * 1000 / len(rows), 1),
         "llm_calls_per_question": round(statistics.fmean(r["calls"] for r in rows), 2),
         "found": sum(reader.found.get(r["q"], False) for r in rows),
         "store_reads": reads,

@@ -129,7 +129,7 @@ def _find_objects_sql() -> str:
 
 
 def test_rows_decode_to_the_validated_models() -> None:
-    """Rows are decoded without validation: the result must equal what validation gives, field types included."""
+    """A row read back is the vertex or edge written, field types included (enums are enums)."""
     from datetime import UTC, datetime
 
     from services.adapters.sqlite.codec import edge_row, row_edge, row_vertex, vertex_row

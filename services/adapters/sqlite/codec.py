@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from services.domain import Edge, EdgeKind, EpisodeLabel, TemporalLabel, Vertex, VertexKind
+from services.domain import Edge, Vertex, VertexKind
 from services.ids import digest, normalize_name
 
 # FTS5 query syntax has operators, column filters and quoting; we keep only word tokens and quote each one, so
@@ -61,13 +61,10 @@ def vertex_row(v: Vertex) -> tuple[Any, ...]:
 
 
 def row_vertex(row: Sequence[Any]) -> Vertex:
-    """A stored row back into a vertex. Built without validation (``model_construct``): every row was written from
-    a validated vertex by ``vertex_row``, and a QA read decodes thousands of them (validation was about half of a
-    question's CPU time); the enum and datetime fields are converted here exactly as validation would."""
-    return Vertex.model_construct(
+    return Vertex(
         id=row[0],
         user_id=row[1],
-        kind=VertexKind(row[2]),
+        kind=row[2],
         name=row[3],
         props=json.loads(row[5]),
         t_created=text_to_dt(row[6]),
@@ -75,8 +72,8 @@ def row_vertex(row: Sequence[Any]) -> Vertex:
         t_expired=text_to_dt(row[8]),
         t_invalid=text_to_dt(row[9]),
         invalidated_by=row[10],
-        episode_label=None if row[11] is None else EpisodeLabel(row[11]),
-        temporal_label=None if row[12] is None else TemporalLabel(row[12]),
+        episode_label=row[11],
+        temporal_label=row[12],
     )
 
 
@@ -98,11 +95,10 @@ def edge_row(e: Edge) -> tuple[Any, ...]:
 
 
 def row_edge(row: Sequence[Any]) -> Edge:
-    """A stored row back into an edge, without validation, as ``row_vertex``."""
-    return Edge.model_construct(
+    return Edge(
         id=row[0],
         user_id=row[1],
-        kind=EdgeKind(row[2]),
+        kind=row[2],
         source=row[3],
         target=row[4],
         relation=row[5],

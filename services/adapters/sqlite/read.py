@@ -87,7 +87,7 @@ def neighbors(
             continue  # an edge between two frontier vertices comes back once per end
         start = N_EDGE_COLUMNS
         end = N_EDGE_COLUMNS + N_VERTEX_COLUMNS
-        triplets[row[0]] = Triplet.model_construct(
+        triplets[row[0]] = Triplet(
             start=row_vertex(row[start:end]), edge=row_edge(row[:start]), end=row_vertex(row[end:])
         )
     return list(triplets.values())
@@ -103,9 +103,7 @@ def get_triplets(conn: apsw.Connection, user_id: str, edge_ids: Sequence[str]) -
     """
     start, end = N_EDGE_COLUMNS, N_EDGE_COLUMNS + N_VERTEX_COLUMNS
     return {
-        row[0]: Triplet.model_construct(
-            start=row_vertex(row[start:end]), edge=row_edge(row[:start]), end=row_vertex(row[end:])
-        )
+        row[0]: Triplet(start=row_vertex(row[start:end]), edge=row_edge(row[:start]), end=row_vertex(row[end:]))
         for row in conn.execute(sql, (user_id, json_list(edge_ids)))
     }
 
