@@ -7,8 +7,9 @@ several searches. One bit a dimension (the sign) is 48 bytes a vector: the Hammi
 million of them take a few ms in numpy. The ``OVERSAMPLE`` x k nearest by Hamming distance (at least
 ``MIN_CANDIDATES``) are re-ranked by their exact cosine, from a copy of each vector in ``item_vectors`` (a point read
 through vec0 loads the candidate's whole chunk of 256 vectors), in the exact path's order (distance, then id): the
-hits and scores are exact cosines; what can differ is a true neighbour missing from the candidates. ``docs/benchmarks.md`` gives the recall measured against the exact search. A user with fewer than
-``min_items`` texts is searched exactly, as before.
+hits and scores are exact cosines; what can differ is a true neighbour missing from the candidates.
+``docs/benchmarks.md`` gives the recall measured against the exact search. A user with fewer than ``min_items``
+texts is searched exactly, as before.
 
 The sign bits are stored (``items.sign``, written with the vector) so a process loads a user's in one read (the
 first search of a 1M-triplet user in a process: 1.5-2.6 s here). The
