@@ -82,14 +82,21 @@ def neighbors(
     limit = 2**62 if limit_per_vertex is None else limit_per_vertex  # rn <= huge: no limit
     params: tuple[Any, ...] = (json_list(frontier), user_id, json_list(kinds), user_id, json_list(kinds), limit)
     triplets: dict[str, Triplet] = {}
+    # a frontier vertex is an end of each of its rows (an episode of every edge into it): decoded once per call,
+    # which halved the vertices a flat retrieval decodes
+    decoded: dict[str, Vertex] = {}
+
+    def vertex(columns: Sequence[Any]) -> Vertex:
+        found = decoded.get(columns[0])
+        if found is None:
+            found = decoded[columns[0]] = row_vertex(columns)
+        return found
+
+    start, end = N_EDGE_COLUMNS, N_EDGE_COLUMNS + N_VERTEX_COLUMNS
     for row in conn.execute(sql, params):
         if row[0] in triplets:
             continue  # an edge between two frontier vertices comes back once per end
-        start = N_EDGE_COLUMNS
-        end = N_EDGE_COLUMNS + N_VERTEX_COLUMNS
-        triplets[row[0]] = Triplet(
-            start=row_vertex(row[start:end]), edge=row_edge(row[:start]), end=row_vertex(row[end:])
-        )
+        triplets[row[0]] = Triplet(start=vertex(row[start:end]), edge=row_edge(row[:start]), end=vertex(row[end:]))
     return list(triplets.values())
 
 

@@ -11,6 +11,7 @@ from services import ids
 from services.domain import Vertex
 from services.logging import get_logger
 
+from . import signs
 from .codec import EDGE_COLUMNS, VERTEX_COLUMNS, dt_to_text, props_to_text, row_edge, row_vertex
 
 log = get_logger(__name__)
@@ -20,6 +21,7 @@ BUSY_TIMEOUT_MS = 10_000
 # vec0 pre-allocates one chunk per partition (user): chunk_size * dim * 4 bytes. 256 keeps a small user at
 # ~384 KiB for dim 384 while a 5,000-vector scan stays as fast as with the default 1024.
 VEC_CHUNK_SIZE = 256
+MMAP_BYTES = 4 << 30  # SQLite caps it at its compile-time SQLITE_MAX_MMAP_SIZE
 
 
 def connect(path: Path) -> apsw.Connection:
@@ -34,6 +36,9 @@ def connect(path: Path) -> apsw.Connection:
     conn.execute("PRAGMA synchronous=NORMAL")
     # what a forget deletes is overwritten on disk, not left readable in free pages
     conn.execute("PRAGMA secure_delete=ON")
+    # reads through a memory map: a big user's search makes ~1,000 point reads in a file of a GB or more, which
+    # cost about twice as much through read() calls (writes still go through the WAL as before)
+    conn.execute(f"PRAGMA mmap_size={MMAP_BYTES}").fetchall()
     return conn
 
 
@@ -64,7 +69,10 @@ def _ddl(dim: int) -> list[str]:
         # the user id as one opaque token, so FTS5 narrows a MATCH to one user inside the index
         """CREATE TABLE IF NOT EXISTS items (
             item_no INTEGER PRIMARY KEY, user_id TEXT NOT NULL, user_key TEXT NOT NULL, id TEXT NOT NULL,
-            kind TEXT NOT NULL, text TEXT NOT NULL, UNIQUE (user_id, id))""",
+            kind TEXT NOT NULL, text TEXT NOT NULL, sign BLOB, UNIQUE (user_id, id))""",
+        # each indexed text's vector again, by item number: a big user's dense search re-ranks its sign-bit
+        # candidates from here (``signs``), a point read each, where vec0 reads the candidate's whole chunk
+        """CREATE TABLE IF NOT EXISTS item_vectors (item_no INTEGER PRIMARY KEY, embedding BLOB NOT NULL)""",
         f"""CREATE VIRTUAL TABLE IF NOT EXISTS vectors USING vec0(
             user_id TEXT PARTITION KEY, kind TEXT, embedding FLOAT[{dim}] distance_metric=cosine,
             chunk_size={VEC_CHUNK_SIZE})""",
@@ -93,6 +101,7 @@ _ADDED_COLUMNS = (
     ("edges", "t_expired", "TEXT"),
     ("edges", "t_invalid", "TEXT"),
     ("edges", "invalidated_by", "TEXT"),
+    ("items", "sign", "BLOB"),  # the vector's sign bits (``signs``): a big user's dense search scans these
 )
 
 
@@ -104,6 +113,8 @@ def _migrate(conn: apsw.Connection) -> None:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
+#: meta key recording that every indexed text has its sign bits (``signs.backfill``)
+SIGNS_STORED = "sign_bits_and_vector_copies"
 #: meta key recording that relation edges took their validity from their staters (``_derive_edge_validity``)
 EDGE_VALIDITY_DERIVED = "edge_validity_derived"
 
@@ -162,6 +173,13 @@ def create_schema(conn: apsw.Connection, dim: int) -> None:
         elif stored.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"store schema {stored.get('schema_version')}, this code knows {SCHEMA_VERSION}")
         _derive_edge_validity(conn, stored)
+        if not stored.get(SIGNS_STORED):
+            # once per file: texts indexed by older code get their sign bits and a copy of their vector; new code
+            # writes both with the text
+            filled = signs.backfill(conn)
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, '1')", (SIGNS_STORED,))
+            if filled:
+                log.info("sqlite_sign_bits_backfilled", items=filled)
     except BaseException:
         conn.execute("ROLLBACK")
         raise

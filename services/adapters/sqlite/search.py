@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
 
 import apsw
+import numpy as np
 
 from services.ports import VectorHit
 
 from .codec import blob_vector, fts_match, json_list, vector_blob
+from .signs import SignIndex
 
 RRF_K = 60
 VEC_MAX_K = 4096  # vec0's limit on k
@@ -38,9 +42,14 @@ def dense(
     k: int,
     dim: int,
     restrict_to: Sequence[str] | None = None,
+    signs: SignIndex | None = None,
 ) -> list[VectorHit]:
+    """The ``k`` nearest by cosine; ``signs``: a big user's candidates come from its sign bits (``signs``)."""
     if k <= 0 or (restrict_to is not None and not restrict_to):
         return []
+    candidates = None if signs is None or restrict_to is not None else signs.candidates(conn, user_id, kinds, vector, k)
+    if candidates is not None:
+        return _rerank(conn, user_id, kinds, vector, k, dim, candidates.tolist())
     where, params = _filters("v", user_id, kinds, restrict_to)
     rows = conn.execute(
         f"""SELECT i.id, v.distance FROM vectors v JOIN items i ON i.item_no = v.rowid
@@ -52,12 +61,49 @@ def dense(
     return [VectorHit(id=row[0], score=1.0 - row[1]) for row in rows]
 
 
+def _rerank(
+    conn: apsw.Connection,
+    user_id: str,
+    kinds: Sequence[str],
+    vector: Sequence[float],
+    k: int,
+    dim: int,
+    candidates: list[int],
+) -> list[VectorHit]:
+    """The exact cosine of each candidate (its vector from ``item_vectors``, one point read: through vec0 a point
+    read loads the candidate's whole chunk of 256 vectors), in the exact search's order: distance, then id."""
+    if not candidates:
+        return []
+    where = f" AND i.kind IN {_IN_LIST}" if kinds else ""
+    rows: list[Any] = conn.execute(
+        f"""SELECT i.id, iv.embedding
+            FROM json_each(?) c CROSS JOIN items i ON i.item_no = c.value
+            CROSS JOIN item_vectors iv ON iv.item_no = i.item_no
+            WHERE i.user_id = ?{where}""",
+        (json.dumps(candidates), user_id, *([json_list(kinds)] if kinds else [])),
+    ).fetchall()
+    if not rows:
+        return []
+    found = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype=np.float32).reshape(len(rows), dim)
+    query = np.asarray(vector, dtype=np.float32)
+    norms = np.linalg.norm(found, axis=1) * float(np.linalg.norm(query))
+    distances = 1.0 - (found @ query) / np.maximum(norms, 1e-30)
+    hits = sorted(zip(distances.tolist(), (str(r[0]) for r in rows), strict=True))[:k]
+    return [VectorHit(id=id_, score=1.0 - distance) for distance, id_ in hits]
+
+
 def dense_many(
-    conn: apsw.Connection, user_id: str, kinds: Sequence[str], vectors: Sequence[Sequence[float]], k: int, dim: int
+    conn: apsw.Connection,
+    user_id: str,
+    kinds: Sequence[str],
+    vectors: Sequence[Sequence[float]],
+    k: int,
+    dim: int,
+    signs: SignIndex | None = None,
 ) -> list[list[VectorHit]]:
     """``dense`` for each vector, on one connection in one read transaction (the hits agree with one snapshot)."""
     with conn:
-        hits = [dense(conn, user_id, kinds, vector, k, dim) for vector in vectors]
+        hits = [dense(conn, user_id, kinds, vector, k, dim, signs=signs) for vector in vectors]
     return hits
 
 
@@ -103,11 +149,12 @@ def hybrid(
     k: int,
     dim: int,
     restrict_to: Sequence[str] | None = None,
+    signs: SignIndex | None = None,
 ) -> list[VectorHit]:
     depth = max(HYBRID_DEPTH * k, 30)
     conn.execute("BEGIN")  # both rankings from one snapshot
     try:
-        dense_hits = dense(conn, user_id, kinds, vector, depth, dim, restrict_to)
+        dense_hits = dense(conn, user_id, kinds, vector, depth, dim, restrict_to, signs)
         lexical_hits = lexical(conn, user_id, kinds, text, depth, restrict_to)
     finally:
         conn.execute("COMMIT")

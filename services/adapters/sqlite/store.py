@@ -36,6 +36,7 @@ from services.ports import (
 
 from . import read, search
 from .schema import connect, create_schema
+from .signs import MIN_ITEMS, SignIndex
 from .write import apply_change_set, erase, forget_values, mark_announced, put_value
 
 T = TypeVar("T")
@@ -51,7 +52,9 @@ log = get_logger(__name__)
 
 
 class SqliteMemoryStore(WholeBackend):
-    def __init__(self, path: Path | str, dim: int, readers: int = 2) -> None:
+    def __init__(self, path: Path | str, dim: int, readers: int = 2, sign_min_items: int | None = MIN_ITEMS) -> None:
+        """``sign_min_items``: users with at least this many indexed texts are searched by their sign bits first
+        (``signs``); None: every dense search is vec0's exact scan."""
         if dim <= 0:
             raise ValueError("dim must be positive")
         self.path = Path(path)
@@ -68,12 +71,13 @@ class SqliteMemoryStore(WholeBackend):
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-write")
         self._readers = ThreadPoolExecutor(max_workers=max(1, readers), thread_name_prefix="sqlite-read")
         self._closed = False
+        self._signs = None if sign_min_items is None else SignIndex(dim, sign_min_items)
         log.info("sqlite_store_opened", path=str(self.path), dim=dim)
 
     @classmethod
-    async def open(cls, path: Path | str, dim: int, readers: int = 2) -> Self:
+    async def open(cls, path: Path | str, dim: int, readers: int = 2, sign_min_items: int | None = MIN_ITEMS) -> Self:
         """Open without blocking the event loop (creating the schema touches the disk)."""
-        return await asyncio.to_thread(cls, path, dim, readers)
+        return await asyncio.to_thread(cls, path, dim, readers, sign_min_items)
 
     async def __aenter__(self) -> Self:
         return self
@@ -199,10 +203,11 @@ class SqliteMemoryStore(WholeBackend):
         if query_vector is not None and query_text:
             vector = list(query_vector)
             return await self._read(
-                "search_hybrid", search.hybrid, user_id, kinds, vector, query_text, k, self.dim, ids
+                "search_hybrid", search.hybrid, user_id, kinds, vector, query_text, k, self.dim, ids, self._signs
             )
         if query_vector is not None:
-            return await self._read("search_dense", search.dense, user_id, kinds, list(query_vector), k, self.dim, ids)
+            vector = list(query_vector)
+            return await self._read("search_dense", search.dense, user_id, kinds, vector, k, self.dim, ids, self._signs)
         if query_text:
             return await self._read("search_lexical", search.lexical, user_id, kinds, query_text, k, ids)
         return []
@@ -219,7 +224,9 @@ class SqliteMemoryStore(WholeBackend):
         if not query_vectors:
             return []
         vectors = [list(v) for v in query_vectors]
-        return await self._read("search_dense_many", search.dense_many, user_id, list(kinds), vectors, k, self.dim)
+        return await self._read(
+            "search_dense_many", search.dense_many, user_id, list(kinds), vectors, k, self.dim, self._signs
+        )
 
     # -- AnnouncementLog -----------------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from .codec import (
     vertex_row,
 )
 from .read import seen_events
+from .signs import note_deletion, sign_blob
 
 log = get_logger(__name__)
 
@@ -73,16 +74,18 @@ def _index(conn: apsw.Connection, user: str, vectors: Sequence[VectorItem], dim:
     key = user_key(user)
     for item in vectors:
         conn.execute(
-            "INSERT OR IGNORE INTO items (user_id, user_key, id, kind, text) VALUES (?, ?, ?, ?, ?)",
-            (user, key, item.id, item.kind, item.text),
+            "INSERT OR IGNORE INTO items (user_id, user_key, id, kind, text, sign) VALUES (?, ?, ?, ?, ?, ?)",
+            (user, key, item.id, item.kind, item.text, sign_blob(item.vector)),
         )
         if not conn.changes():
             continue
         item_no = conn.last_insert_rowid()
+        blob = vector_blob(item.vector, dim)
         conn.execute(
             "INSERT INTO vectors (rowid, user_id, kind, embedding) VALUES (?, ?, ?, ?)",
-            (item_no, user, item.kind, vector_blob(item.vector, dim)),
+            (item_no, user, item.kind, blob),
         )
+        conn.execute("INSERT INTO item_vectors (item_no, embedding) VALUES (?, ?)", (item_no, blob))
         conn.execute(
             "INSERT INTO fts (rowid, text, user_key, kind) VALUES (?, ?, ?, ?)", (item_no, item.text, key, item.kind)
         )
@@ -212,12 +215,15 @@ def _unindex(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> None:
         "SELECT item_no, text, kind FROM items WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
         (user_id, json_list(ids)),
     ).fetchall()
+    if rows:
+        note_deletion(conn)  # every process's in-memory sign bits reload (an item number may be reused)
     for item_no, text, kind in rows:
         conn.execute(
             "INSERT INTO fts (fts, rowid, text, user_key, kind) VALUES ('delete', ?, ?, ?, ?)",
             (item_no, text, key, kind),
         )
         conn.execute("DELETE FROM vectors WHERE rowid = ?", (item_no,))
+        conn.execute("DELETE FROM item_vectors WHERE item_no = ?", (item_no,))
         conn.execute("DELETE FROM items WHERE item_no = ?", (item_no,))
 
 

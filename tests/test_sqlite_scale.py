@@ -1,0 +1,122 @@
+"""The embedded store's reads that must not grow with a user's memory: the query shapes (one index lookup per
+listed id or name, never a scan of the user's rows) and the sign-bit dense search of a big user (the same hits as
+vec0's exact scan where every vector is a candidate; new and forgotten texts followed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services import ids
+from services.adapters.sqlite import SqliteMemoryStore
+from services.adapters.sqlite.signs import MIN_CANDIDATES, sign_bits
+from services.domain import ChangeSet, Erasure, Vertex, VertexKind
+from services.ports import VectorItem
+
+DIM = 16
+USER = "u1"
+OTHER = "u2"
+
+
+def vec(seed: int) -> list[float]:
+    v = np.random.default_rng(seed).standard_normal(DIM)
+    return (v / np.linalg.norm(v)).tolist()
+
+
+async def add(store: SqliteMemoryStore, user: str, start: int, n: int, kind: str = "thesis") -> list[str]:
+    vertices = [
+        Vertex(id=f"{user}-{kind}-{i}", user_id=user, kind=VertexKind(kind), name=f"text {i}")
+        for i in range(start, start + n)
+    ]
+    items = [VectorItem(id=v.id, kind=kind, text=v.name, vector=vec(hash(v.id) % 10_000)) for v in vertices]
+    event = f"{user}-{kind}-{start}"
+    await store.apply(
+        ChangeSet(id=ids.change_set_id(user, [event]), user_id=user, event_ids=[event], vertices=vertices), items
+    )
+    return [v.id for v in vertices]
+
+
+def test_sign_bits_are_the_signs() -> None:
+    vectors = np.array([[1.0, -1.0] * 40, [-1.0] * 80], dtype=np.float32)
+    bits = sign_bits(vectors)
+    assert bits.shape == (2, 2)  # 80 dimensions: two 64-bit words
+    assert int(bits[0, 0]) == int("01" * 32, 2)  # dimension i is bit i: even dimensions positive
+    assert not bits[1].any()
+
+
+async def test_big_user_search_matches_exact_scan(tmp_path: Path) -> None:
+    """Under ``MIN_CANDIDATES`` texts every one is a candidate, so the sign path must give the exact hits."""
+    path = tmp_path / "m.sqlite3"
+    async with (
+        SqliteMemoryStore(path, DIM, sign_min_items=10) as signs,
+        SqliteMemoryStore(path, DIM, sign_min_items=None) as exact,
+    ):
+        await add(signs, USER, 0, 60)
+        await add(signs, USER, 0, 20, kind="object")
+        await add(signs, OTHER, 0, 40)
+        for seed in range(5):
+            for kinds in (["thesis"], ["object"], []):
+                want = await exact.search(USER, kinds, vec(1000 + seed), None, k=15)
+                got = await signs.search(USER, kinds, vec(1000 + seed), None, k=15)
+                assert [h.id for h in got] == [h.id for h in want]
+                assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
+                assert all(h.id.startswith(USER) for h in got)  # never another user's
+        assert MIN_CANDIDATES > 60 + 20
+
+
+async def test_sign_index_follows_writes_and_forgets(tmp_path: Path) -> None:
+    path = tmp_path / "m.sqlite3"
+    async with SqliteMemoryStore(path, DIM, sign_min_items=10) as store:
+        first = await add(store, USER, 0, 30)
+        target = vec(hash(first[3]) % 10_000)
+        assert (await store.search(USER, ["thesis"], target, None, k=1))[0].id == first[3]
+        later = await add(store, USER, 30, 5)  # indexed after the user's sign bits were loaded
+        newest = vec(hash(later[2]) % 10_000)
+        assert (await store.search(USER, ["thesis"], newest, None, k=1))[0].id == later[2]
+        erasure = Erasure(
+            user_id=USER, forget_id="f1", outcome="{}", delete_vertices=[first[3]], delete_vectors=[first[3]]
+        )
+        await store.erase(erasure)
+        hits = await store.search(USER, ["thesis"], target, None, k=40)
+        assert first[3] not in {h.id for h in hits} and len(hits) == 34
+
+
+def test_rows_decode_to_the_validated_models() -> None:
+    """A row read back is the vertex or edge written, field types included (enums are enums)."""
+    from datetime import UTC, datetime
+
+    from services.adapters.sqlite.codec import edge_row, row_edge, row_vertex, vertex_row
+    from services.domain import Edge, EdgeKind, EpisodeLabel, TemporalLabel
+
+    when = datetime(2023, 5, 1, 12, 30, tzinfo=UTC)
+    vertices = [
+        Vertex(id="v1", user_id=USER, kind=VertexKind.OBJECT, name="Mel"),
+        Vertex(
+            id="t1",
+            user_id=USER,
+            kind=VertexKind.THESIS,
+            name="Mel ran a race",
+            props={"holder": "Mel", "when_text": "May"},
+            t_created=when,
+            t_valid=when,
+            t_expired=when,
+            t_invalid=when,
+            invalidated_by="t2",
+            episode_label=EpisodeLabel.OPINION,
+            temporal_label=TemporalLabel.DYNAMIC,
+        ),
+    ]
+    for v in vertices:
+        row = vertex_row(v)
+        back = row_vertex(row)
+        assert back == v == Vertex(**back.model_dump())
+        assert back.model_dump(exclude_unset=True) == Vertex.model_validate(back.model_dump()).model_dump(
+            exclude_unset=True
+        )
+        assert type(back.kind) is VertexKind
+        assert back.episode_label is v.episode_label and back.temporal_label is v.temporal_label
+    edge = Edge(id="e1", user_id=USER, kind=EdgeKind.RELATION, source="v1", target="v2", relation="ran", t_valid=when)
+    back_edge = row_edge(edge_row(edge))
+    assert back_edge == edge and type(back_edge.kind) is EdgeKind
