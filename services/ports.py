@@ -246,6 +246,11 @@ class LLMRequest(BaseModel):
     task: str = Field(description="Which LLM task asks (extract, plan, ner, ...): for metrics, cache and logs.")
     messages: list[LLMMessage]
     json_schema: dict[str, Any] | None = Field(default=None, description="Constrain output to this JSON schema.")
+    grammar: str | None = Field(
+        default=None,
+        description="Constrain output to this llama.cpp GBNF grammar instead (plain text out); an adapter that "
+        "takes none refuses the request",
+    )
     max_tokens: int = 1024
     temperature: float = 0.0
     seed: int | None = Field(default=None, description="Sampling seed; None: the adapter's fixed one.")

@@ -70,10 +70,11 @@ class Settings(BaseSettings):
         default=3.0, ge=0.0, description="how long a user's partial batch is held for more of their messages"
     )
     extraction_attempts: int = Field(default=3, ge=1)
-    extraction_output: Literal["compact", "json"] = Field(
+    extraction_output: Literal["compact", "json", "lines"] = Field(
         default="compact",
         description="compact: facts as [sentence, object, when, kind, temporal], subject and relation read off the "
-        "sentence (half the generated tokens); json: every field keyed (the design before 4 December)",
+        "sentence (half the generated tokens); json: every field keyed (the design before 4 December); lines: the "
+        "compact fields as text lines under a grammar (llama.cpp only)",
     )
     document_chunk_chars: int = Field(default=1500, ge=200)
     document_part_tokens: int = Field(
@@ -87,6 +88,12 @@ class Settings(BaseSettings):
         default=True,
         description="act on a verdict that ends or refutes a known thesis only when a second question (could one "
         "person say both?) agrees",
+    )
+    resolve_by_meaning: bool = Field(
+        default=True,
+        description="judge pairs found only by meaning (no shared relation) with the model; off, only those whose "
+        "known thesis is a prediction are (the rest could only be merged as a repeat: 'updates' on them is not "
+        "acted on)",
     )
     contradiction_min_similarity: float = Field(
         default=0.75,

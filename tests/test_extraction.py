@@ -448,3 +448,72 @@ def test_an_object_that_is_only_a_time_is_no_entity(obj: str, kept: str) -> None
     item = Item("Anna", said, datetime(2024, 3, 2, tzinfo=UTC))
     checked = check_fact("Anna", "Anna quit Siemens in February.", "quit", obj, item, Speakers(("Anna", "Ben")))
     assert isinstance(checked, tuple) and checked[2] == kept
+
+
+def test_lines_grammar_fixes_each_label_once_in_order_and_bounds_every_field() -> None:
+    from services.memorize.lines import grammar
+
+    text = grammar(['[1] Anna: I said "hi"', "[2] Ben: a\\b"], 3)
+    rules = dict(line.split(" ::= ", 1) for line in text.splitlines())
+    assert rules["root"] == "m1 m2"
+    assert rules["m1"] == '"[1] Anna: I said \\"hi\\"\\n" fact? fact? fact?'  # a quote in a label is escaped
+    assert rules["m2"].startswith('"[2] Ben: a\\\\b\\n"')
+    assert rules["sentence"] == "[^|\\n]{8,200}" and rules["object"] == "[^|\\n]{0,60}"
+    assert rules["kind"] == '"FACT" | "OPINION" | "PREDICTION"'
+
+
+def test_lines_output_reads_like_the_compact_one() -> None:
+    task = ExtractTask(output="lines")
+    text = (
+        "[1] Anna: I moved to Berlin last\n- I moved to Berlin. | Berlin | last week | FACT DYNAMIC\n[2] Ben: Cool!\n"
+    )
+    first, second = task.parse(text, INPUT)
+    (found,) = first.facts
+    assert (found.subject, found.text, found.relation, found.object, found.temporal) == (
+        "Anna",
+        "Anna moved to Berlin.",
+        "moved to",
+        "Berlin",
+        "DYNAMIC",
+    )
+    assert found.when is not None and found.when.start == date(2023, 5, 22) and second.facts == []
+    assert task.grammar(INPUT) is not None and task.json_schema(INPUT) is not None  # JSON: scripted, cached
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "- Anna moved to Berlin. | Berlin | | FACT DYNAMIC\n[1] Anna: I moved to Berlin last\n[2] Ben: Cool!\n",
+        "[1] Anna: I moved to Berlin last\n- Anna moved to Berlin. | Berlin\n[2] Ben: Cool!\n",
+        "[1] Anna: I moved to Berlin last\n- Anna moved to Berlin. | Berlin | | FACTUAL\n[2] Ben: Cool!\n",
+    ],
+    ids=["fact-before-any-label", "fields-missing", "unknown-kind"],
+)
+def test_lines_output_of_the_wrong_shape_is_rejected(text: str) -> None:
+    with pytest.raises(TaskOutputError):
+        ExtractTask(output="lines").parse(text, INPUT)
+
+
+async def test_lines_are_asked_with_the_grammar_and_a_retry_names_the_format() -> None:
+    good = "[1] Anna: I moved to Berlin last\n- Anna moved to Berlin. | Berlin | | FACT DYNAMIC\n[2] Ben: Cool!\n"
+    llm = ScriptedLLM({})
+    llm.queue("extract", "[1] Anna: I moved to Berlin last\n- Anna moved. | Berlin\n[2] Ben: Cool!\n", good)
+    result = await run_task(llm, ExtractTask(output="lines"), INPUT)
+    assert result.calls == 2 and result.value[0].facts[0].object == "Berlin"
+    first, retry = llm.calls_for("extract")
+    assert first.grammar is not None and first.json_schema is None
+    assert "the required format" in retry.messages[-1].content
+
+
+def test_the_lines_example_is_valid_output_for_its_own_input() -> None:
+    from services.memorize.extraction import EXAMPLE_IN, _opening
+    from services.memorize.lines import EXAMPLE_OUT_LINES, to_compact
+
+    said = EXAMPLE_IN.splitlines()[1:]
+    labels = [
+        f"[{n}] {line.split('] ', 1)[1].split(', ', 1)[0]}: {_opening(line.split(': ', 1)[1])}"
+        for n, line in enumerate(said, start=1)
+    ]
+    out = to_compact(EXAMPLE_OUT_LINES, labels)
+    assert [m["m"] for m in out["messages"]] == labels
+    assert [len(m["facts"]) for m in out["messages"]] == [0, 2, 0, 2, 1]

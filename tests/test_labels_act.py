@@ -356,6 +356,28 @@ async def test_candidates_relate_the_same_subject_or_are_nearest_and_one_call_ju
     assert [c.task for c in list(memory.llm.calls)[first_calls:]] == ["extract", "resolve"]
 
 
+async def test_without_judging_by_meaning_only_rivals_and_known_predictions_are_asked(memory: Memory) -> None:
+    """``resolve_by_meaning`` off: a pair found only by meaning could at most merge a repeat ("updates" on it is
+    not acted on), so it is not asked, and a batch with no other pair makes no call; a known prediction near in
+    meaning is still asked (it can be confirmed or refuted), and so is a rival by relation."""
+    memory.memorize.settings = memory.memorize.settings.model_copy(update={"resolve_by_meaning": False})
+    siemens = Said("Carl works at Siemens.", "Carl", "works at", "Siemens")
+    await memory.say(siemens, PREDICTION)
+    calls = len(memory.llm.calls)
+    bosch = Said("Carl is employed by Bosch.", "Carl", "employed by", "Bosch")  # near in meaning, other words
+    await memory.say(bosch)
+    assert [c.task for c in list(memory.llm.calls)[calls:]] == ["extract"]
+    assert (bosch.text, siemens.text) not in {(new, known) for new, _, known, _ in memory.script.shown}
+    # near in meaning to a known prediction, with another object and relation: found by meaning only
+    hired = Said("Ben got the job at Acme Corp.", "Ben", "got the job at", "Acme Corp")
+    memory.judge(hired, PREDICTION, "confirms")
+    lidl = Said("Carl works at Lidl.", "Carl", "works at", "Lidl")  # the same relation to another entity
+    await memory.say(hired, lidl, speaker="Ben")
+    shown = {(new, known) for new, _, known, _ in memory.script.shown}
+    assert (hired.text, PREDICTION.text) in shown and (lidl.text, siemens.text) in shown
+    assert marks(await memory.thesis(PREDICTION)) == {(Mark.CONFIRMED_BY, ids.thesis_id(USER, hired.text))}
+
+
 async def test_forgetting_one_side_leaves_no_dangling_mark(memory: Memory) -> None:
     await memory.say(BORN_LYON)
     memory.judge(BORN_PORTO, BORN_LYON, "updates")

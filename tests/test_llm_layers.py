@@ -109,6 +109,7 @@ def test_cache_key_covers_what_changes_the_answer() -> None:
     assert cache_key("m", base) != cache_key("m2", base)
     assert cache_key("m", base) != cache_key("m", ask("b"))
     assert cache_key("m", base) != cache_key("m", ask("a", json_schema={"type": "object"}))
+    assert cache_key("m", base) != cache_key("m", ask("a", grammar='root ::= "x"'))
     assert cache_key("m", base) != cache_key("m", ask("a", temperature=0.5))
     assert cache_key("m", base) != cache_key("m", ask("a", max_tokens=5))
 
@@ -304,3 +305,13 @@ def test_factory_picks_the_configured_adapters(tmp_path: Path) -> None:
     assert isinstance(remote, OllamaEmbedder) and remote.dim == 768
     with pytest.raises(ValueError, match="unknown size"):
         build_embedder(Settings(embedder="ollama", embed_model="mystery-embedder"))
+
+
+async def test_ollama_refuses_a_grammar_it_cannot_take() -> None:
+    """A GBNF grammar is llama.cpp's: Ollama says so at once (no request sent, nothing answered unconstrained)."""
+    from services.adapters.ollama import OllamaLLM
+    from services.adapters.ollama.errors import OllamaError
+
+    llm = OllamaLLM("any", host="http://127.0.0.1:9")  # nothing listens there: a request would fail otherwise
+    with pytest.raises(OllamaError, match="no GBNF grammar"):
+        await llm.complete(ask("a", grammar='root ::= "x"'))

@@ -198,6 +198,24 @@ async def test_compact_extraction_runs_under_the_engines_grammar(small_llm: Llam
 
 @pytest.mark.model
 @pytest.mark.slow
+async def test_line_extraction_runs_under_its_gbnf_grammar(small_llm: LlamaCppLLM) -> None:
+    """The line output's GBNF grammar is taken by the engine and holds it: each label once, in order, facts in
+    their four fields (a parse that fails raises here, with one attempt)."""
+    data = ExtractionInput(
+        [
+            Item("Anna", "I moved to Berlin last week for a job at Siemens.", datetime(2023, 6, 2, tzinfo=UTC)),
+            Item("Ben", "Cool! How is it?", datetime(2023, 6, 2, tzinfo=UTC)),
+        ]
+    )
+    task = ExtractTask(output="lines")
+    result = await run_task(small_llm, task, data, attempts=1)
+    assert len(result.value) == 2 and all(found.answered for found in result.value)
+    (text,) = result.raw
+    assert text.startswith("[1] Anna: I moved to Berlin last") and "\n[2] Ben: Cool! How is it?" in text
+
+
+@pytest.mark.model
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ngram", "ngram-mod"])
 async def test_speculative_decoding_gives_valid_output(kind: str, model_cache: Path) -> None:
     engine = Engine(EngineConfig(ensure_model(SMALL, model_cache), n_ctx=2048, n_threads=THREADS, speculative=kind))

@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks.extraction.gold import LOCOMO, Turn, load, subset
 from benchmarks.extraction.score import score
+from services.adapters.llamacpp.llm import unload_all
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ApplyResult, ChangeSet
 from services.llm.factory import build_embedder, build_llm
@@ -59,8 +60,21 @@ class RecordingStore(SqliteMemoryStore):
         return await super().apply(change_set, vectors)
 
 
-async def run(args: argparse.Namespace, output: str) -> dict[str, Any]:
-    """One design variant (extraction ``output``) over the turns: memorize, score, cost."""
+def variant(spec: str) -> tuple[str, dict[str, str]]:
+    """``compact`` or ``compact+resolve_by_meaning=false+entity_candidates=0``: the extraction output design, then
+    settings of the variant (validated by ``Settings``)."""
+    output, *pairs = spec.split("+")
+    if output not in ("compact", "json", "lines"):
+        raise argparse.ArgumentTypeError(f"output design {output!r}: compact, json or lines")
+    extras = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+    unknown = set(extras) - set(Settings.model_fields)
+    if unknown or len(extras) != len(pairs):
+        raise argparse.ArgumentTypeError(f"{spec!r}: settings are name=value, known names ({sorted(unknown)})")
+    return output, extras
+
+
+async def run(args: argparse.Namespace, output: str, extras: dict[str, str] | None = None) -> dict[str, Any]:
+    """One design variant (extraction ``output`` and setting ``extras``) over the turns: memorize, score, cost."""
     turns = load(Path(args.data))
     if args.samples:
         turns = [t for t in turns if t.sample_id in args.samples]
@@ -74,6 +88,7 @@ async def run(args: argparse.Namespace, output: str) -> dict[str, Any]:
         "extraction_output": output,
         "llm_speculative": args.speculative,
     }
+    overrides.update(extras or {})
     if args.threads:
         overrides["llm_threads"] = args.threads
     if args.model:
@@ -130,6 +145,7 @@ async def run(args: argparse.Namespace, output: str) -> dict[str, Any]:
                 "batch": args.batch,
                 "example": not args.no_example,
                 "output": output,
+                "settings": extras or {},
                 "speculative": args.speculative,
                 "resolve": not args.no_resolve,
                 "llm": args.llm,
@@ -211,20 +227,23 @@ def main() -> None:
     parser.add_argument(
         "--output",
         action="append",
-        choices=["compact", "json"],
-        help="extraction output design; repeat to compare designs side by side in one run (default: compact)",
+        type=variant,
+        help="extraction output design (compact, json, lines), with settings of its own after '+' "
+        "(compact+resolve_by_meaning=false); repeat to compare variants side by side in one run (default: compact)",
     )
     parser.add_argument("--speculative", default="none", help="MEMSTREAM_LLM_SPECULATIVE for this run")
     parser.add_argument("--threads", type=int, help="MEMSTREAM_LLM_THREADS for this run")
     parser.add_argument("--out", help="write the full JSON here")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
-    outputs = args.output or ["compact"]
+    outputs = args.output or [("compact", {})]
     out = args.out
-    for output in outputs:
+    for n, (output, extras) in enumerate(outputs):
         if out and len(outputs) > 1:
-            args.out = f"{Path(out).with_suffix('')}-{output}.json"
-        summary = asyncio.run(run(args, output))
+            args.out = f"{Path(out).with_suffix('')}-{n}-{output}.json"
+        # every variant starts from a cold engine: the KV and RAM prompt caches of the one before would flatter it
+        unload_all()
+        summary = asyncio.run(run(args, output, extras))
         print(json.dumps({k: v for k, v in summary.items() if k != "usage"}), flush=True)
 
 

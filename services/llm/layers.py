@@ -60,6 +60,7 @@ def cache_key(model: str, request: LLMRequest, user_id: str | None = None) -> st
         "model": model,
         "messages": [[m.role, m.content] for m in request.messages],
         "json_schema": request.json_schema,
+        "grammar": request.grammar,
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
         "seed": request.seed,

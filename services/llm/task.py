@@ -86,6 +86,11 @@ class LLMTask(ABC, Generic[OutT, T]):
         """The output schema; a task may narrow it per call (fixed entry counts, the refs it was shown)."""
         return self.output_model.model_json_schema()
 
+    def grammar(self, inputs: Any = None) -> str | None:
+        """A GBNF grammar the output is written in instead of JSON (llama.cpp only; ``parse`` then reads the text);
+        None: the JSON schema constrains it."""
+        return None
+
     def parse(self, text: str, inputs: Any) -> T:
         data = load_json_object(text)
         try:
@@ -130,7 +135,9 @@ async def run_task(
     """Ask, validate, retry with the error shown. Only an accepted output is cached (``llm.accept``).
     ``on_text``: streaming listener (``LLMRequest.on_text``); a retry starts its text again from ""."""
     messages = task.messages(inputs)
-    schema = task.json_schema(inputs)
+    grammar = task.grammar(inputs)
+    schema = None if grammar is not None else task.json_schema(inputs)
+    shape = "valid JSON matching the schema" if grammar is None else "the required format"
     result: TaskResult[Any] = TaskResult(value=None)
     last_error = "no attempt made"
     last_text: str | None = None
@@ -139,6 +146,7 @@ async def run_task(
             task=task.name,
             messages=messages,
             json_schema=schema,
+            grammar=grammar,
             max_tokens=task.max_tokens,
             temperature=0.0 if attempt == 1 else RETRY_TEMPERATURE,
             seed=None if attempt == 1 else secrets.randbelow(2**31),
@@ -168,8 +176,8 @@ async def run_task(
                 LLMMessage(role="assistant", content=response.text[:2000]),
                 LLMMessage(
                     role="user",
-                    content=f"That output was rejected: {last_error}. Reply again with only valid JSON "
-                    "matching the schema, shorter if needed.",
+                    content=f"That output was rejected: {last_error}. Reply again with only {shape}, shorter "
+                    "if needed.",
                 ),
             ]
             continue

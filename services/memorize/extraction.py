@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from services import ids
 from services.llm.task import LLMTask, TaskOutputError, load_json_object
-from services.memorize import compact
+from services.memorize import compact, lines
 from services.memorize.attribution import MIN_GROUNDING, Speakers, check_fact, grounding
 from services.memorize.chunking import sentences
 from services.memorize.facts import Alias, ExtractionInput, Fact, Item, ItemFacts
@@ -37,8 +37,9 @@ from services.ports import LLMMessage
 
 MAX_FACTS_PER_MESSAGE = 3
 #: "compact": positional facts, subject and relation derived in code (the default; ``services.memorize.compact``);
-#: "json": the keyed JSON of every field (the design before 4 December, kept to compare)
-OUTPUTS = ("compact", "json")
+#: "json": the keyed JSON of every field (the design before 4 December, kept to compare); "lines": the compact
+#: fields as text lines under a GBNF grammar (llama.cpp only; ``services.memorize.lines``)
+OUTPUTS = ("compact", "json", "lines")
 
 
 def _text(max_length: int, min_length: int = 0) -> Any:
@@ -240,19 +241,20 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         self.output = output
 
     def messages(self, inputs: ExtractionInput) -> list[LLMMessage]:
-        compact = self.output == "compact"
+        system, example = {
+            "compact": (SYSTEM_COMPACT, EXAMPLE_OUT_COMPACT),
+            "json": (SYSTEM, EXAMPLE_OUT),
+            "lines": (lines.SYSTEM_LINES, lines.EXAMPLE_OUT_LINES),
+        }[self.output]
         shots = (
-            [
-                LLMMessage(role="user", content=EXAMPLE_IN),
-                LLMMessage(role="assistant", content=EXAMPLE_OUT_COMPACT if compact else EXAMPLE_OUT),
-            ]
+            [LLMMessage(role="user", content=EXAMPLE_IN), LLMMessage(role="assistant", content=example)]
             if self.example
             else []
         )
         # The instructions and the worked example come first and never change: the engine keeps them in its KV
         # cache between calls, so a call reads only its own messages.
         return [
-            LLMMessage(role="system", content=SYSTEM_COMPACT if compact else SYSTEM),
+            LLMMessage(role="system", content=system),
             *shots,
             LLMMessage(role="user", content=render_items(inputs)),
         ]
@@ -262,7 +264,7 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         schema = self.output_model.model_json_schema()
         if not isinstance(inputs, ExtractionInput):
             return schema
-        if self.output == "compact":
+        if self.output in ("compact", "lines"):
             return compact.output_schema(_labels(inputs), MAX_FACTS_PER_MESSAGE)
         entry = schema["$defs"]["MessageFactsOut"]
         count = len(inputs.items)
@@ -285,10 +287,18 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         messages = {"type": "array", "prefixItems": numbered, "minItems": count, "maxItems": count}
         return {**schema, "properties": {"messages": messages}, "required": ["messages"]}
 
+    def grammar(self, inputs: Any = None) -> str | None:
+        if self.output != "lines" or not isinstance(inputs, ExtractionInput):
+            return None
+        return lines.grammar(_labels(inputs), MAX_FACTS_PER_MESSAGE)
+
     def parse(self, text: str, inputs: Any) -> list[ItemFacts]:
-        if self.output != "compact" or not isinstance(inputs, ExtractionInput):
+        if self.output == "json" or not isinstance(inputs, ExtractionInput):
             return super().parse(text, inputs)
-        data = load_json_object(text)
+        if self.output == "lines" and lines.is_lines(text):
+            data: Any = lines.to_compact(text, _labels(inputs))
+        else:
+            data = load_json_object(text)
         if not compact.is_compact(data):
             # the keyed shape is read in either mode: scripted replies and outputs cached before the compact one
             return super().parse(text, inputs)

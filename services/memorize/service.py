@@ -433,6 +433,10 @@ class MemorizeService:
             rivals = [old for old in known_or_earlier if _same_relation(fact, old) or _same_object(fact, old)]
             nearest = [shared[hit] for hit, score in scored if hit in shared and score >= least]
             nearest += [v for v in earlier if cosine(vectors[own.name], vectors[v.name]) >= least]
+            if not self.settings.resolve_by_meaning:
+                # a by-meaning pair's "updates" is not acted on (``_trusted``): what the call could still do is
+                # merge a repeat, or confirm or refute a known prediction; only the last is kept asking for
+                nearest = [v for v in nearest if v in rivals or v.episode_label is EpisodeLabel.PREDICTION]
             candidates = list({v.id: v for v in [*rivals, *nearest]}.values())
             pairs.extend((unit_n, fact_n, old) for old in candidates[: self.settings.invalidation_candidates])
             by_meaning.update((unit_n, fact_n, v.id) for v in nearest if v not in rivals)

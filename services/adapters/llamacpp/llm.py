@@ -283,7 +283,9 @@ class LlamaCppLLM(LLM):
             # Qwen3-style templates think unless told not to; others ignore the flag.
             "chat_template_kwargs": {"enable_thinking": False},
         }
-        if request.json_schema is not None:
+        if request.grammar is not None:
+            payload["grammar"] = request.grammar
+        elif request.json_schema is not None:
             payload["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "output", "schema": request.json_schema, "strict": True},

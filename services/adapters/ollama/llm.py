@@ -7,7 +7,7 @@ from typing import Any
 
 from ollama import AsyncClient, ChatResponse, ResponseError
 
-from services.adapters.ollama.errors import translate_errors
+from services.adapters.ollama.errors import OllamaError, translate_errors
 from services.adapters.ollama.schema import ollama_schema
 from services.logging import get_logger
 from services.ports import LLM, LLMRequest, LLMResponse
@@ -71,6 +71,10 @@ class OllamaLLM(LLM):
         return last
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
+        if request.grammar is not None:
+            # Ollama takes a JSON schema, not a GBNF grammar; the tasks that ask for one are told apart by setting
+            # (extraction_output), so this is a misconfiguration, said at once rather than answered unconstrained
+            raise OllamaError(f"{request.task}: Ollama takes no GBNF grammar (set MEMSTREAM_EXTRACTION_OUTPUT=compact)")
         with translate_errors(self.host, self.model):
             try:
                 response = await self._chat(request)
