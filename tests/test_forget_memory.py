@@ -216,6 +216,23 @@ async def test_what_another_source_supports_stays_with_its_times(open_memory: An
     assert after == await never.snapshot()
 
 
+async def test_an_entity_takes_its_remaining_sources_time_when_both_came_in_one_request(open_memory: Any) -> None:
+    """Two messages received at the same instant (one request), said at different times: forgetting the first
+    gives Maria the second's time, as if the first had never been said (a tie on receipt time once kept the
+    forgotten message's)."""
+    received = INGEST + timedelta(seconds=1)
+    both = [c.model_copy(update={"ingest_time": received}) for c in (CHATS[0], CHATS[2])]
+    full = await open_memory("full")
+    await full.said(both)
+    await full.forget.forget(tombstone(ForgetScope.MESSAGE, "ada-m1"), "chat")
+    maria = await full.store.find_objects("ada", ["maria"])
+    assert maria["maria"].t_valid == CHATS[2].event_time
+    after = await full.snapshot()
+    never = await open_memory("never")
+    await never.said(both[1:])
+    assert after == await never.snapshot()
+
+
 async def test_a_near_duplicate_keeps_its_own_words_when_the_first_wording_is_forgotten(open_memory: Any) -> None:
     """The second message says the first's fact again in other words (cosine >= duplicate_min_similarity): memorize
     made it a source of the first's thesis. Forgetting the first writes the second's own fact, as if alone."""

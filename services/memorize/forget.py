@@ -119,8 +119,12 @@ class _Plan:
                     update={"props": props, "t_valid": t_valid, "t_created": first.t_created}
                 )
         elif vertex.kind is VertexKind.OBJECT:
+            # its times are those of the source that introduced it: a forgotten one when it shares the object's
+            # receipt time and no remaining source has both of its times (two messages of one request share the
+            # receipt time and differ in when they were said)
             forgotten_times = {e.t_created for e in episodes if e.id in self.episodes}
-            if vertex.t_created in forgotten_times and vertex.t_created not in {e.t_created for e in remaining}:
+            kept = {(e.t_valid, e.t_created) for e in remaining}
+            if vertex.t_created in forgotten_times and (vertex.t_valid, vertex.t_created) not in kept:
                 self.puts[vertex.id] = vertex.model_copy(
                     update={"t_valid": first.t_valid, "t_created": first.t_created}
                 )
