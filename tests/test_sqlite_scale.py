@@ -83,6 +83,33 @@ async def test_sign_index_follows_writes_and_forgets(tmp_path: Path) -> None:
         assert first[3] not in {h.id for h in hits} and len(hits) == 34
 
 
+async def test_forgetting_one_users_text_reloads_only_that_users_sign_bits(tmp_path: Path) -> None:
+    """A forget reloads the forgetting user's copy (its texts may be gone) and no other big user's (a reload is
+    seconds for a user of 1M triplets); the other user's search still sees what it indexes afterwards."""
+    path = tmp_path / "m.sqlite3"
+    async with SqliteMemoryStore(path, DIM, sign_min_items=10) as store:
+        mine = await add(store, USER, 0, 30)
+        theirs = await add(store, OTHER, 0, 30)
+        for user, ids_ in ((USER, mine), (OTHER, theirs)):
+            await store.search(user, ["thesis"], vec(hash(ids_[0]) % 10_000), None, k=1)
+        index = store._signs
+        assert index is not None
+        loaded = {user: index._users[user] for user in (USER, OTHER)}
+        await store.erase(
+            Erasure(
+                user_id=OTHER, forget_id="f1", outcome="{}", delete_vertices=[theirs[0]], delete_vectors=[theirs[0]]
+            )
+        )
+        later = await add(store, USER, 30, 3)  # may take an item number the forget freed
+        for user, ids_ in ((USER, later), (OTHER, theirs[1:])):
+            top = await store.search(user, ["thesis"], vec(hash(ids_[0]) % 10_000), None, k=1)
+            assert top[0].id == ids_[0]
+        assert index._users[USER] is loaded[USER]  # appended to, not read again
+        assert index._users[OTHER] is not loaded[OTHER]
+        hits = await store.search(OTHER, ["thesis"], vec(hash(theirs[0]) % 10_000), None, k=40)
+        assert theirs[0] not in {h.id for h in hits} and len(hits) == 29
+
+
 def test_rows_decode_to_the_validated_models() -> None:
     """A row read back is the vertex or edge written, field types included (enums are enums)."""
     from datetime import UTC, datetime

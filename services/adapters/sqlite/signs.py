@@ -14,7 +14,8 @@ texts is searched exactly, as before.
 The sign bits are stored (``items.sign``, written with the vector) so a process loads a user's in one read (the
 first search of a 1M-triplet user in a process: 1.5-2.6 s here). The
 in-memory copy follows the file: after any commit by another connection (``PRAGMA data_version``) the texts indexed
-since are appended; a deletion (forget) bumps ``meta.items_deleted`` and the user's copy is read again.
+since are appended; a deletion (forget) bumps that user's counter in ``meta`` (``items_deleted:`` and the user's
+key) and only that user's copy is read again, so forgetting one user's message costs no other big user a reload.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from typing import Any
 import apsw
 import numpy as np
 
+from .codec import user_key
+
 #: below this many indexed texts a user's dense search stays vec0's exact scan (it is fast enough there)
 MIN_ITEMS = 20_000
 # a candidate's vector is one point read (``item_vectors``, ~10 us): 4 x k candidates kept flat's 180-deep search
 # near 11 ms at 1M triplets with recall@10 0.99 and recall@180 0.87 (8 x k: 32 ms, 0.99 and 0.95; docs/benchmarks.md)
 OVERSAMPLE = 4
 MIN_CANDIDATES = 256
-DELETED_KEY = "items_deleted"
+DELETED_KEY = "items_deleted:"  # + the user's key: a counter per user
 
 
 def sign_bits(vectors: np.ndarray) -> np.ndarray:
@@ -119,7 +122,7 @@ class SignIndex:
         user = self._users.get(user_id)
         if user is not None and user.synced.get(id(conn)) == version:
             return user  # nothing committed by another connection since this one last looked
-        deleted = _deleted(conn)
+        deleted = _deleted(conn, user_id)
         if user is None or user.deleted != deleted:
             user = self._load(conn, user_id, deleted)
         else:
@@ -173,17 +176,23 @@ class SignIndex:
             )
 
 
-def _deleted(conn: apsw.Connection) -> str:
-    row: Any = conn.execute("SELECT value FROM meta WHERE key = ?", (DELETED_KEY,)).fetchone()
+def _deleted_key(user_id: str) -> str:
+    return DELETED_KEY + user_key(user_id)  # a digest: meta holds no user id in the clear
+
+
+def _deleted(conn: apsw.Connection, user_id: str) -> str:
+    row: Any = conn.execute("SELECT value FROM meta WHERE key = ?", (_deleted_key(user_id),)).fetchone()
     return "0" if row is None else str(row[0])
 
 
-def note_deletion(conn: apsw.Connection) -> None:
-    """Called in the transaction that deletes indexed texts: every process reloads its copies."""
+def note_deletion(conn: apsw.Connection, user_id: str) -> None:
+    """Called in the transaction that deletes a user's indexed texts: every process reloads that user's copy.
+    Other users' copies stay valid: a reused item number is above every number still in use, so it reaches them
+    as an appended text, never in place of one they hold."""
     conn.execute(
         "INSERT INTO meta (key, value) VALUES (?, '1') "
         "ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)",
-        (DELETED_KEY,),
+        (_deleted_key(user_id),),
     )
 
 

@@ -216,7 +216,7 @@ def _unindex(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> None:
         (user_id, json_list(ids)),
     ).fetchall()
     if rows:
-        note_deletion(conn)  # every process's in-memory sign bits reload (an item number may be reused)
+        note_deletion(conn, user_id)  # every process's in-memory sign bits of this user reload
     for item_no, text, kind in rows:
         conn.execute(
             "INSERT INTO fts (fts, rowid, text, user_key, kind) VALUES ('delete', ?, ?, ?, ?)",
