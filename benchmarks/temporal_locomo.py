@@ -17,7 +17,9 @@ date (loose: for "June 2023" any thesis of a June message counts), and a retriev
 question's evidence turns with the date (strict: the answer's own thesis, with its date).
 
 ``--validity message`` builds memory with the rule before issue 11 (t_valid = the message's time); with the LLM
-cache it re-extracts nothing, so before and after differ only by that rule.
+cache it re-extracts nothing, so before and after differ only by that rule. The cache is keyed by user, so
+``--user-prefix eval-locomo-`` with ``--cache`` pointing at a ``memstream eval locomo`` results folder's cache replays
+that run's extraction (whole conversations: ``--sessions 99``); the model calls a run still made are in its summary.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ class Question:
     span: Span | None
 
 
-def load(path: Path, samples: list[str], sessions: int) -> tuple[dict[str, list[ChatMessage]], list[Question]]:
+def load(
+    path: Path, samples: list[str], sessions: int, prefix: str = "temporal-"
+) -> tuple[dict[str, list[ChatMessage]], list[Question]]:
     data = json.loads(path.read_text())
     chosen = [s for s in data if s["sample_id"] in samples]
     missing = set(samples) - {s["sample_id"] for s in chosen}
@@ -76,7 +80,7 @@ def load(path: Path, samples: list[str], sessions: int) -> tuple[dict[str, list[
         sid = sample["sample_id"]
         kept = [
             m
-            for m in locomo_messages(sample, user_id=f"temporal-{sid}", now=datetime.now(UTC))
+            for m in locomo_messages(sample, user_id=f"{prefix}{sid}", now=datetime.now(UTC))
             if int(m.event_id.split(":")[-2].lstrip("D")) <= sessions
         ]
         messages[sid] = kept
@@ -92,7 +96,7 @@ def load(path: Path, samples: list[str], sessions: int) -> tuple[dict[str, list[
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.validity == "message":
         builder.validity = _message_validity
-    messages, questions = load(Path(args.data), args.samples, args.sessions)
+    messages, questions = load(Path(args.data), args.samples, args.sessions, args.user_prefix)
     data_dir = Path(args.data_dir)
     settings = Settings(_env_file=None, data_dir=data_dir, batch_max_messages=args.batch)
     embedder = build_embedder(settings)
@@ -118,7 +122,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     evidence_dated = 0
     for q in scored:
-        user = f"temporal-{q.sample}"
+        user = f"{args.user_prefix}{q.sample}"
         span = q.span
         assert span is not None
         # the theses memorize derived from the evidence turns: a date on one of them is the answer's, not a
@@ -189,6 +193,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=6, help="memorize each conversation's first N sessions")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--validity", choices=["text", "message"], default="text")
+    parser.add_argument("--user-prefix", default="temporal-", help="user id = prefix + sample id (the cache's key)")
     parser.add_argument("--data-dir", default="bench-data", help="model files, memory (rebuilt each run)")
     parser.add_argument("--cache", default="bench-data/llm-cache.sqlite3", help="LLM cache (kept across runs)")
     parser.add_argument("--out", help="write every question's result here (JSON)")
