@@ -17,9 +17,13 @@ date (loose: for "June 2023" any thesis of a June message counts), and a retriev
 question's evidence turns with the date (strict: the answer's own thesis, with its date).
 
 ``--validity message`` builds memory with the rule before issue 11 (t_valid = the message's time); with the LLM
-cache it re-extracts nothing, so before and after differ only by that rule. The cache is keyed by user, so
-``--user-prefix eval-locomo-`` with ``--cache`` pointing at a ``memstream eval locomo`` results folder's cache replays
-that run's extraction (whole conversations: ``--sessions 99``); the model calls a run still made are in its summary.
+cache it re-extracts nothing, so before and after differ only by that rule. Every run also scores ``said_t_valid``:
+the same contexts read as that rule would date them (each thesis dated by the earliest message it came from), which
+needs no second build: the checks after extraction see t_valid in their prompts, so a second build under the other
+rule makes model calls the cache does not hold (with the default model those checks end nothing). The cache is
+keyed by user, so ``--user-prefix eval-locomo-`` with ``--cache`` pointing at a ``memstream eval locomo`` results
+folder's cache replays that run's extraction (whole conversations: ``--sessions 99``); the model calls a run still
+made are in its summary.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +120,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             done += len(chunk)
             print(f"{sid} {done}/{total} dead={dead} {time.perf_counter() - started:.0f}s", flush=True)
     ingest_s = time.perf_counter() - started
+    said_on = {
+        sid: await _said_on(store, f"{args.user_prefix}{sid}", sample_messages)
+        for sid, sample_messages in messages.items()
+    }
     matcher = EntityMatcher(store, store, embedder)
     retrievers = {name: get_retriever(name, store, store, embedder) for name in RETRIEVERS}
     scored = [q for q in questions if q.span is not None]
@@ -139,10 +147,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             theses = theses_of(await retriever.retrieve(request))
             by_valid = [t for t in theses if hits(valid_spans(t), span)]
             by_text = [t for t in theses if hits(text_spans(t), span)]
+            said = said_on[q.sample]
+            by_said = [t for t in theses if t.id in said and hits([Span(said[t.id], said[t.id])], span)]
             row[name] = {
                 "t_valid": bool(by_valid),
                 "text": bool(by_text),
                 "evidence_t_valid": any(t.id in from_evidence for t in by_valid),
+                "said_t_valid": bool(by_said),
+                "evidence_said_t_valid": any(t.id in from_evidence for t in by_said),
                 "evidence_text": any(t.id in from_evidence for t in by_text),
                 "evidence_retrieved": any(t.id in from_evidence for t in theses),
                 "theses": len(theses),
@@ -166,7 +178,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
     }
     for name in RETRIEVERS:
-        keys = ("t_valid", "text", "evidence_retrieved", "evidence_t_valid", "evidence_text")
+        keys = (
+            "t_valid",
+            "text",
+            "evidence_retrieved",
+            "evidence_t_valid",
+            "evidence_text",
+            "said_t_valid",
+            "evidence_said_t_valid",
+        )
         summary[name] = {key: sum(bool(r[name][key]) for r in rows) for key in keys}
         summary[name]["either"] = sum(bool(r[name]["hit"]) for r in rows)
         summary[name]["evidence_either"] = sum(r[name]["evidence_t_valid"] or r[name]["evidence_text"] for r in rows)
@@ -177,6 +197,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         text = json.dumps({"summary": summary, "questions": rows}, indent=1)
         await asyncio.to_thread(Path(args.out).write_text, text)
     return summary
+
+
+async def _said_on(store: SqliteMemoryStore, user: str, messages: list[ChatMessage]) -> dict[str, date]:
+    """Each thesis's day under the message rule: the day of the earliest message it was derived from."""
+    derived = await derived_ids(store, user, {m.event_id: "" for m in messages}, chunk_chars=1)
+    day: dict[str, date] = {}
+    for m in sorted(messages, key=lambda m: m.event_time, reverse=True):
+        for vertex_id in derived[m.event_id]:
+            day[vertex_id] = m.event_time.date()
+    return day
 
 
 async def _theses_of_events(store: SqliteMemoryStore, user: str, event_ids: list[str]) -> list[Vertex]:

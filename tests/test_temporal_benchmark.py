@@ -4,6 +4,7 @@ thesis's date counts as that date (evaluation/temporal.py; the harness and bench
 from __future__ import annotations
 
 from datetime import UTC, date, datetime
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,38 @@ def test_dated_tells_the_evidence_thesis_with_the_date_from_any_other() -> None:
         "date_evidence": False,
         "date_evidence_t_valid": False,
     }
+
+
+async def test_said_on_dates_a_thesis_by_the_earliest_message_it_came_from(tmp_path: Path) -> None:
+    """The message rule's reading of a memory built under the text rule (benchmarks/temporal_locomo.py)."""
+    from benchmarks.temporal_locomo import _said_on
+    from schemas.events import ChatMessage
+    from services import ids
+    from services.adapters.sqlite import SqliteMemoryStore
+    from services.domain import ChangeSet, Edge, EdgeKind
+
+    user = "u1"
+    said = [datetime(2023, 5, 8, 13, 0, tzinfo=UTC), datetime(2023, 6, 2, 9, 0, tzinfo=UTC)]
+    messages = [
+        ChatMessage(event_id=f"m{n}", user_id=user, event_time=when, speaker="Caroline", text=f"message {n}")
+        for n, when in enumerate(said)
+    ]
+    episodes = [
+        Vertex(id=ids.episode_id(user, m.event_id), user_id=user, kind=VertexKind.EPISODIC, name=m.text)
+        for m in messages
+    ]
+    # stated in both messages: the earlier one dates it
+    both = Vertex(id="t1", user_id=user, kind=VertexKind.THESIS, name="Caroline went to a group.", t_valid=said[1])
+    late = Vertex(id="t2", user_id=user, kind=VertexKind.THESIS, name="Caroline moved.", t_valid=said[1])
+    links = [(both, episodes[1]), (both, episodes[0]), (late, episodes[1])]
+    edges = [
+        Edge(id=f"r{n}", user_id=user, kind=EdgeKind.EPISODIC, source=t.id, target=e.id, relation="said in")
+        for n, (t, e) in enumerate(links)
+    ]
+    async with SqliteMemoryStore(tmp_path / "m.sqlite3", 4) as store:
+        await store.apply(
+            ChangeSet(id="c1", user_id=user, event_ids=["m0", "m1"], vertices=[*episodes, both, late], edges=edges),
+            [],
+        )
+        day = await _said_on(store, user, messages)
+    assert day[both.id] == date(2023, 5, 8) and day[late.id] == date(2023, 6, 2)
