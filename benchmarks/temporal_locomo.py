@@ -120,10 +120,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             done += len(chunk)
             print(f"{sid} {done}/{total} dead={dead} {time.perf_counter() - started:.0f}s", flush=True)
     ingest_s = time.perf_counter() - started
-    said_on = {
-        sid: await _said_on(store, f"{args.user_prefix}{sid}", sample_messages)
-        for sid, sample_messages in messages.items()
+    # every message's derived ids, read once: the evidence theses and the message rule's dates both come from it
+    derived = {
+        sid: await derived_ids(
+            store, f"{args.user_prefix}{sid}", dict.fromkeys((m.event_id for m in ms), ""), chunk_chars=1
+        )
+        for sid, ms in messages.items()
     }
+    said_on = {sid: _said_on(derived[sid], ms) for sid, ms in messages.items()}
     matcher = EntityMatcher(store, store, embedder)
     retrievers = {name: get_retriever(name, store, store, embedder) for name in RETRIEVERS}
     scored = [q for q in questions if q.span is not None]
@@ -135,9 +139,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         assert span is not None
         # the theses memorize derived from the evidence turns: a date on one of them is the answer's, not a
         # coincidence of another thesis of the same month
-        derived = await _theses_of_events(store, user, [f"locomo:{q.sample}:{e}" for e in q.evidence])
-        evidence_dated += any(hits(text_spans(t) + valid_spans(t), span) for t in derived)
-        from_evidence = {t.id for t in derived}
+        evidence = [f"locomo:{q.sample}:{e}" for e in q.evidence]
+        from_turns = await _theses_of_events(store, user, derived[q.sample], evidence)
+        evidence_dated += any(hits(text_spans(t) + valid_spans(t), span) for t in from_turns)
+        from_evidence = {t.id for t in from_turns}
+        said = said_on[q.sample]
         vector = (await embedder.embed([q.text]))[0]
         seeds = await matcher.question_seeds(user, q.text)
         row: dict[str, Any] = {"sample": q.sample, "question": q.text, "answer": q.answer, "evidence": q.evidence}
@@ -147,7 +153,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             theses = theses_of(await retriever.retrieve(request))
             by_valid = [t for t in theses if hits(valid_spans(t), span)]
             by_text = [t for t in theses if hits(text_spans(t), span)]
-            said = said_on[q.sample]
             by_said = [t for t in theses if t.id in said and hits([Span(said[t.id], said[t.id])], span)]
             row[name] = {
                 "t_valid": bool(by_valid),
@@ -199,9 +204,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-async def _said_on(store: SqliteMemoryStore, user: str, messages: list[ChatMessage]) -> dict[str, date]:
+def _said_on(derived: dict[str, frozenset[str]], messages: list[ChatMessage]) -> dict[str, date]:
     """Each thesis's day under the message rule: the day of the earliest message it was derived from."""
-    derived = await derived_ids(store, user, {m.event_id: "" for m in messages}, chunk_chars=1)
     day: dict[str, date] = {}
     for m in sorted(messages, key=lambda m: m.event_time, reverse=True):
         for vertex_id in derived[m.event_id]:
@@ -209,10 +213,11 @@ async def _said_on(store: SqliteMemoryStore, user: str, messages: list[ChatMessa
     return day
 
 
-async def _theses_of_events(store: SqliteMemoryStore, user: str, event_ids: list[str]) -> list[Vertex]:
+async def _theses_of_events(
+    store: SqliteMemoryStore, user: str, derived: dict[str, frozenset[str]], event_ids: list[str]
+) -> list[Vertex]:
     """The theses memorize derived from these chat messages, valid or not (the harness's mapping)."""
-    derived = await derived_ids(store, user, dict.fromkeys(event_ids, ""), chunk_chars=1)
-    found = await store.get_vertices(user, sorted(set().union(*derived.values())))
+    found = await store.get_vertices(user, sorted(set().union(*(derived.get(e, frozenset()) for e in event_ids))))
     return [v for v in found.values() if v.kind is VertexKind.THESIS]
 
 

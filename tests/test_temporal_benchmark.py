@@ -89,6 +89,7 @@ def test_dated_tells_the_evidence_thesis_with_the_date_from_any_other() -> None:
 async def test_said_on_dates_a_thesis_by_the_earliest_message_it_came_from(tmp_path: Path) -> None:
     """The message rule's reading of a memory built under the text rule (benchmarks/temporal_locomo.py)."""
     from benchmarks.temporal_locomo import _said_on
+    from evaluation.metrics import derived_ids
     from schemas.events import ChatMessage
     from services import ids
     from services.adapters.sqlite import SqliteMemoryStore
@@ -117,5 +118,6 @@ async def test_said_on_dates_a_thesis_by_the_earliest_message_it_came_from(tmp_p
             ChangeSet(id="c1", user_id=user, event_ids=["m0", "m1"], vertices=[*episodes, both, late], edges=edges),
             [],
         )
-        day = await _said_on(store, user, messages)
+        derived = await derived_ids(store, user, dict.fromkeys((m.event_id for m in messages), ""), chunk_chars=1)
+    day = _said_on(derived, messages)
     assert day[both.id] == date(2023, 5, 8) and day[late.id] == date(2023, 6, 2)
