@@ -54,6 +54,11 @@ class Settings(BaseSettings):
     kafka_idempotence: bool = Field(
         default=True, description="idempotent producers; `up` turns it off for the embedded Tansu, which lacks it"
     )
+    lag_probe_ends: bool = Field(
+        default=False,
+        description="find each partition's end from its last record when measuring lag: Tansu answers the last "
+        "record batch's first offset + 1, so the rest of a batch would not count as waiting; `up` turns it on for it",
+    )
 
     # Memory store: the embedded SQLite file, or Dgraph (graph, applied events, LLM cache) + Weaviate (vectors)
     store: Literal["sqlite", "remote"] = "sqlite"

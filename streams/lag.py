@@ -27,11 +27,13 @@ from services.metrics import (
     MEMORIZE_WORKER_BACKLOG,
     MEMORIZE_WORKER_CATCHUP,
 )
-from services.settings import Settings
+from services.settings import Settings, get_settings
 from streams.background import stop_consumer_loop
 from streams.kafka_security import kafka_client_options
 
 log = get_logger(__name__)
+
+PROBE_TIMEOUT_S = 2.0  # how long one sample waits for the last records of the partitions it probes
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,11 @@ class LagSensor:
         interval_s: float = 5.0,
         settings: Settings | None = None,
     ) -> None:
-        """``settings``: the Kafka security to connect with (unset: the process's own settings)."""
+        """``settings``: the Kafka security to connect with, and whether to probe the ends (unset: the process's
+        own settings)."""
         self.bootstrap = bootstrap
         self.security = kafka_client_options(settings)
+        self.probe_ends = (settings if settings is not None else get_settings()).lag_probe_ends
         self.group = group
         self.topics = list(topics)
         self.interval_s = interval_s
@@ -128,6 +132,8 @@ class LagSensor:
         if not partitions:
             return {}
         ends = await consumer.end_offsets(partitions)
+        if self.probe_ends:
+            ends = await self._last_records(consumer, ends)
         starts = await consumer.beginning_offsets(partitions)
         committed = await admin.list_consumer_group_offsets(self.group, partitions=partitions)
         lag: dict[TopicPartition, int] = {}
@@ -148,6 +154,29 @@ class LagSensor:
             MEMORIZE_CATCHUP.labels(topic=topic).set(-1 if estimate.seconds is None else estimate.seconds)
         self._per_worker(await self._members(admin, partitions), lag, positions, now)
         return lag
+
+    async def _last_records(
+        self, consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """The ends as the records say: one past the last record read from the last offset the broker reported
+        (Tansu reports the first offset of the last record batch + 1, and the batch goes on past it)."""
+        found = dict(ends)
+        pending = {tp for tp, end in ends.items() if end > 0}
+        if not pending:
+            return found
+        consumer.assign(sorted(pending))
+        for tp in pending:
+            consumer.seek(tp, ends[tp] - 1)
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while pending and time.monotonic() < deadline:
+            fetched = await consumer.getmany(*pending, timeout_ms=200)
+            for tp, records in fetched.items():
+                if records:
+                    found[tp] = max(found[tp], max(r.offset for r in records) + 1)
+                    pending.discard(tp)
+        if pending:  # deleted by retention since, or slow: the reported end stands, the lag may read low
+            log.warning("lag_end_probe_incomplete", partitions=len(pending))
+        return found
 
     def _per_worker(
         self,

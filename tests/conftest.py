@@ -41,6 +41,7 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
         **overrides,
     }
     values.setdefault("kafka_idempotence", values["broker"] is not None)  # the embedded Tansu has no idempotence
+    values.setdefault("lag_probe_ends", values["broker"] is None)  # nor end offsets past a batch's first record
     return Settings(_env_file=None, **values)  # type: ignore[arg-type]
 
 

@@ -99,6 +99,30 @@ async def test_each_worker_sees_the_backlog_of_the_partitions_it_holds(
         await worker.stop()
 
 
+@pytest.mark.server
+async def test_every_record_of_a_batch_counts_as_waiting(broker: EmbeddedBroker, settings: Settings) -> None:
+    # the gateway publishes a request's messages as one record batch; Tansu reports the end of a partition as the
+    # batch's first offset + 1, so without the probe 4 messages waiting read as 1
+    await ensure_topics(settings, broker.bootstrap)
+    topic = settings.topic("chat")
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=100)
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, b"x", partition=0) for _ in range(4)]
+        await producer.flush()
+        assert [(await f).offset for f in sent] == [0, 1, 2, 3]
+    finally:
+        await producer.stop()
+    sensor = LagSensor(broker.bootstrap, "batch-test-group", [topic], interval_s=3600, settings=settings)
+    await sensor.start()
+    try:
+        lag = await sensor.sample()
+        assert lag[TopicPartition(topic, 0)] == 4 and lag[TopicPartition(topic, 1)] == 0
+        assert sensor.catch_up[topic].backlog == 4
+    finally:
+        await sensor.stop()
+
+
 def test_the_line_a_user_reads() -> None:
     assert catch_up_line({}) == "memorize backlog: not measured yet"
     assert catch_up_line({"error": "/metrics answered 403"}) == "memorize backlog: unknown (/metrics answered 403)"
