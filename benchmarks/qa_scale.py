@@ -45,7 +45,7 @@ from prometheus_client import REGISTRY
 from benchmarks.scale_memory import Fact, Generator, HashEmbedder
 from schemas.events import Query, QueryOptions, StageEvent
 from services.adapters.sqlite import SqliteMemoryStore
-from services.adapters.sqlite.signs import MIN_ITEMS
+from services.adapters.sqlite.follow import MIN_ITEMS
 from services.container import build_engine
 from services.llm.factory import build_llm
 from services.llm.scripted import Responder, ScriptedLLM
@@ -180,7 +180,9 @@ async def open_store(args: argparse.Namespace) -> tuple[WholeBackend, bool]:
         return backend, sum(stats.edges.values()) >= args.triplets
     path = Path(args.store)
     fresh = not await asyncio.to_thread(path.exists)
-    store = await SqliteMemoryStore.open(path, DIM, sign_min_items=None if args.exact else MIN_ITEMS)
+    store = await SqliteMemoryStore.open(
+        path, DIM, sign_min_items=None if args.exact else MIN_ITEMS, term_min_items=None if args.fts else MIN_ITEMS
+    )
     return store, not fresh
 
 
@@ -294,6 +296,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     embedder = HashEmbedder(DIM)
     store, ready = await open_store(args)
     out: dict[str, Any] = {"benchmark": "qa_scale", "backend": args.backend, "triplets": args.triplets}
+    if args.backend == "sqlite":
+        out["search"] = {"dense": "vec0" if args.exact else "sign bits", "lexical": "fts5" if args.fts else "terms"}
     try:
         if ready:
             facts = facts_only(args, embedder)
@@ -334,6 +338,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--minilm", action="store_true", help="also time MiniLM's embed calls of a question")
     parser.add_argument("--exact", action="store_true", help="embedded: vec0's exact scan only (no sign bits)")
+    parser.add_argument(
+        "--fts", action="store_true", help="embedded: FTS5 for every lexical search (no in-memory index)"
+    )
     parser.add_argument("--recall", type=int, default=50, help="searches compared with the exact scan (0: none)")
     parser.add_argument("--profile", help="write a cProfile of the measured questions to this file")
     args = parser.parse_args()

@@ -16,6 +16,8 @@ from services.ids import digest, normalize_name
 # nothing a user types can change the shape of the MATCH expression.
 _WORD = re.compile(r"\w+", re.UNICODE)
 MAX_QUERY_TOKENS = 64
+#: how FTS5 cuts and stems the indexed texts; ``terms`` cuts a big user's texts and questions the same way
+FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
 
 VERTEX_COLUMNS = (
     "id, user_id, kind, name, norm_name, props, t_created, t_valid, t_expired, t_invalid, invalidated_by, "
@@ -145,14 +147,20 @@ def fts_match(user_id: str, kinds: Sequence[str], text: str) -> str | None:
     return f"{match} AND text : ({terms})"
 
 
-def fts_query(text: str) -> str | None:
-    """Any user text -> a safe FTS5 expression: distinct word tokens, each quoted, OR-ed (BM25 ranks overlap)."""
+def query_words(text: str) -> list[str]:
+    """The distinct words of a search text (casefolded, at most ``MAX_QUERY_TOKENS``), each one OR-ed phrase."""
     seen: dict[str, None] = {}
     for token in _WORD.findall(text):
         seen.setdefault(token.casefold(), None)
         if len(seen) >= MAX_QUERY_TOKENS:
             break
-    if not seen:
+    return list(seen)
+
+
+def fts_query(text: str) -> str | None:
+    """Any user text -> a safe FTS5 expression: distinct word tokens, each quoted, OR-ed (BM25 ranks overlap)."""
+    words = query_words(text)
+    if not words:
         return None
     # \w never matches '"', so wrapping in quotes is a complete escape
-    return " OR ".join(f'"{token}"' for token in seen)
+    return " OR ".join(f'"{token}"' for token in words)

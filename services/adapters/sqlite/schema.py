@@ -12,7 +12,7 @@ from services.domain import Vertex
 from services.logging import get_logger
 
 from . import signs
-from .codec import EDGE_COLUMNS, VERTEX_COLUMNS, dt_to_text, props_to_text, row_edge, row_vertex
+from .codec import EDGE_COLUMNS, FTS_TOKENIZER, VERTEX_COLUMNS, dt_to_text, props_to_text, row_edge, row_vertex
 
 log = get_logger(__name__)
 
@@ -76,9 +76,9 @@ def _ddl(dim: int) -> list[str]:
         f"""CREATE VIRTUAL TABLE IF NOT EXISTS vectors USING vec0(
             user_id TEXT PARTITION KEY, kind TEXT, embedding FLOAT[{dim}] distance_metric=cosine,
             chunk_size={VEC_CHUNK_SIZE})""",
-        """CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(
+        f"""CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(
             text, user_key, kind, content='items', content_rowid='item_no',
-            tokenize='porter unicode61 remove_diacritics 2')""",
+            tokenize='{FTS_TOKENIZER}')""",
         # a deleted row's terms leave the index at once, not at the next merge: a forgotten message's words stay
         # nowhere in the file (SQLite >= 3.42; kept in the table's config)
         "INSERT INTO fts (fts, rank) VALUES ('secure-delete', 1)",

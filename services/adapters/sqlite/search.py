@@ -1,4 +1,5 @@
-"""Dense (vec0 KNN), lexical (FTS5 BM25) and hybrid (reciprocal rank fusion) search, scoped to one user."""
+"""Dense (vec0 KNN; sign bits for a big user), lexical (FTS5 BM25; in memory for a big user) and hybrid
+(reciprocal rank fusion) search, scoped to one user."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from services.ports import VectorHit
 
 from .codec import blob_vector, fts_match, json_list, vector_blob
 from .signs import SignIndex
+from .terms import TermIndex
 
 RRF_K = 60
 VEC_MAX_K = 4096  # vec0's limit on k
@@ -114,10 +116,16 @@ def lexical(
     text: str,
     k: int,
     restrict_to: Sequence[str] | None = None,
+    terms: TermIndex | None = None,
 ) -> list[VectorHit]:
+    """The ``k`` best by BM25; ``terms``: a big user's from its in-memory index (``terms``), not FTS5's."""
     query = fts_match(user_id, kinds, text)
     if query is None or k <= 0 or (restrict_to is not None and not restrict_to):
         return []
+    if terms is not None and restrict_to is None:
+        found = terms.search(conn, user_id, kinds, text, k)
+        if found is not None:
+            return found
     # the MATCH already keeps only this user's rows of these kinds; the exact SQL filters on items guard it
     where, params = _filters("i", user_id, kinds, restrict_to)
     rows = conn.execute(
@@ -150,12 +158,13 @@ def hybrid(
     dim: int,
     restrict_to: Sequence[str] | None = None,
     signs: SignIndex | None = None,
+    terms: TermIndex | None = None,
 ) -> list[VectorHit]:
     depth = max(HYBRID_DEPTH * k, 30)
     conn.execute("BEGIN")  # both rankings from one snapshot
     try:
         dense_hits = dense(conn, user_id, kinds, vector, depth, dim, restrict_to, signs)
-        lexical_hits = lexical(conn, user_id, kinds, text, depth, restrict_to)
+        lexical_hits = lexical(conn, user_id, kinds, text, depth, restrict_to, terms)
     finally:
         conn.execute("COMMIT")
     return fuse([dense_hits, lexical_hits], k)

@@ -35,8 +35,10 @@ from services.ports import (
 )
 
 from . import read, search
+from .follow import MIN_ITEMS
 from .schema import connect, create_schema
-from .signs import MIN_ITEMS, SignIndex
+from .signs import SignIndex
+from .terms import TermIndex
 from .write import apply_change_set, erase, forget_values, mark_announced, put_value
 
 T = TypeVar("T")
@@ -52,9 +54,17 @@ log = get_logger(__name__)
 
 
 class SqliteMemoryStore(WholeBackend):
-    def __init__(self, path: Path | str, dim: int, readers: int = 2, sign_min_items: int | None = MIN_ITEMS) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        dim: int,
+        readers: int = 2,
+        sign_min_items: int | None = MIN_ITEMS,
+        term_min_items: int | None = MIN_ITEMS,
+    ) -> None:
         """``sign_min_items``: users with at least this many indexed texts are searched by their sign bits first
-        (``signs``); None: every dense search is vec0's exact scan."""
+        (``signs``); None: every dense search is vec0's exact scan. ``term_min_items``: likewise, their lexical
+        search runs over an in-memory index (``terms``); None: every lexical search is FTS5's."""
         if dim <= 0:
             raise ValueError("dim must be positive")
         self.path = Path(path)
@@ -72,12 +82,20 @@ class SqliteMemoryStore(WholeBackend):
         self._readers = ThreadPoolExecutor(max_workers=max(1, readers), thread_name_prefix="sqlite-read")
         self._closed = False
         self._signs = None if sign_min_items is None else SignIndex(dim, sign_min_items)
+        self._terms = None if term_min_items is None else TermIndex(term_min_items)
         log.info("sqlite_store_opened", path=str(self.path), dim=dim)
 
     @classmethod
-    async def open(cls, path: Path | str, dim: int, readers: int = 2, sign_min_items: int | None = MIN_ITEMS) -> Self:
+    async def open(
+        cls,
+        path: Path | str,
+        dim: int,
+        readers: int = 2,
+        sign_min_items: int | None = MIN_ITEMS,
+        term_min_items: int | None = MIN_ITEMS,
+    ) -> Self:
         """Open without blocking the event loop (creating the schema touches the disk)."""
-        return await asyncio.to_thread(cls, path, dim, readers, sign_min_items)
+        return await asyncio.to_thread(cls, path, dim, readers, sign_min_items, term_min_items)
 
     async def __aenter__(self) -> Self:
         return self
@@ -203,13 +221,23 @@ class SqliteMemoryStore(WholeBackend):
         if query_vector is not None and query_text:
             vector = list(query_vector)
             return await self._read(
-                "search_hybrid", search.hybrid, user_id, kinds, vector, query_text, k, self.dim, ids, self._signs
+                "search_hybrid",
+                search.hybrid,
+                user_id,
+                kinds,
+                vector,
+                query_text,
+                k,
+                self.dim,
+                ids,
+                self._signs,
+                self._terms,
             )
         if query_vector is not None:
             vector = list(query_vector)
             return await self._read("search_dense", search.dense, user_id, kinds, vector, k, self.dim, ids, self._signs)
         if query_text:
-            return await self._read("search_lexical", search.lexical, user_id, kinds, query_text, k, ids)
+            return await self._read("search_lexical", search.lexical, user_id, kinds, query_text, k, ids, self._terms)
         return []
 
     async def get_vectors(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]:

@@ -28,8 +28,9 @@ from .codec import (
     vector_blob,
     vertex_row,
 )
+from .follow import note_deletion
 from .read import seen_events
-from .signs import note_deletion, sign_blob
+from .signs import sign_blob
 
 log = get_logger(__name__)
 
@@ -216,7 +217,7 @@ def _unindex(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> None:
         (user_id, json_list(ids)),
     ).fetchall()
     if rows:
-        note_deletion(conn, user_id)  # every process's in-memory sign bits of this user reload
+        note_deletion(conn, user_id)  # every process's in-memory copies of this user reload
     for item_no, text, kind in rows:
         conn.execute(
             "INSERT INTO fts (fts, rowid, text, user_key, kind) VALUES ('delete', ?, ?, ?, ?)",
