@@ -5,6 +5,7 @@ vec0's exact scan where every vector is a candidate; new and forgotten texts fol
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -147,3 +148,30 @@ def test_rows_decode_to_the_validated_models() -> None:
     edge = Edge(id="e1", user_id=USER, kind=EdgeKind.RELATION, source="v1", target="v2", relation="ran", t_valid=when)
     back_edge = row_edge(edge_row(edge))
     assert back_edge == edge and type(back_edge.kind) is EdgeKind
+
+
+async def test_the_copies_follow_new_texts_by_item_number(tmp_path: Path) -> None:
+    """After another connection's commit a big user's copies read only the rows past the last one they hold: a
+    range of the rowid, not the user's whole index (which held every search of a big user up behind a scan)."""
+    path = tmp_path / "m.sqlite3"
+    async with SqliteMemoryStore(path, DIM, readers=1, sign_min_items=10, term_min_items=10) as store:
+        await add(store, USER, 0, 30)
+        await store.search(USER, ["thesis"], vec(1), "text", k=3)
+        seen: list[tuple[str, Any]] = []
+
+        def trace(_cursor: Any, sql: str, bindings: Any) -> bool:
+            seen.append((sql, bindings))
+            return True
+
+        await add(store, USER, 30, 3)
+        for conn in store._connections:  # the writer's and the one reader's
+            conn.exec_trace = trace
+        hits = await store.search(USER, ["thesis"], vec(hash(f"{USER}-thesis-31") % 10_000), "text 31", k=1)
+        for conn in store._connections:
+            conn.exec_trace = None
+        assert hits[0].id == f"{USER}-thesis-31"
+        appends = [(sql, b) for sql, b in seen if "item_no > ?" in sql]
+        assert len(appends) == 2  # the sign bits and the terms
+        for sql, bindings in appends:
+            plan = " / ".join(str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", bindings))
+            assert "INTEGER PRIMARY KEY (rowid>?)" in plan, plan

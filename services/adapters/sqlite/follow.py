@@ -89,8 +89,14 @@ class ItemFollower(Generic[P]):
         return user
 
     def _append(self, conn: apsw.Connection, user_id: str, user: _User[P]) -> None:
+        # The rows after the last one this copy holds, read the cheaper way: by rowid when fewer rows were written
+        # since (by anyone) than the user has, else on the user's index. SQLite itself picked the user's index,
+        # which for a big user read all its rows after every commit of any connection (6 ms at 100k triplets).
+        top: Any = conn.execute("SELECT coalesce(max(item_no), 0) FROM items").fetchone()
+        by_rowid = int(top[0]) - user.max_item_no <= user.count
         rows: list[Any] = conn.execute(
-            f"SELECT item_no, kind{self.columns} FROM items WHERE item_no > ? AND user_id = ? ORDER BY item_no",
+            f"SELECT item_no, kind{self.columns} FROM items WHERE item_no > ? AND {'+' if by_rowid else ''}user_id = ? "
+            "ORDER BY item_no",
             (user.max_item_no, user_id),
         ).fetchall()
         if not rows:
