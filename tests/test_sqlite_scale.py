@@ -175,3 +175,25 @@ async def test_the_copies_follow_new_texts_by_item_number(tmp_path: Path) -> Non
         for sql, bindings in appends:
             plan = " / ".join(str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", bindings))
             assert "INTEGER PRIMARY KEY (rowid>?)" in plan, plan
+
+
+async def test_a_text_on_a_freed_item_number_is_followed(tmp_path: Path) -> None:
+    """Another user's last text is forgotten and a new text of the big user takes its item number, which is not
+    past the last row the copies saw: they look past the user's own last row instead, and find it."""
+    path = tmp_path / "m.sqlite3"
+    async with SqliteMemoryStore(path, DIM, readers=1, sign_min_items=10, term_min_items=10) as store:
+        await add(store, USER, 0, 30)
+        await store.search(USER, ["thesis"], vec(1), "text", k=3)  # the copies are read
+        theirs = await add(store, OTHER, 0, 3)
+        await store.search(USER, ["thesis"], vec(1), "text", k=3)  # and have looked past the other user's rows
+        last = theirs[-1]
+        await store.erase(
+            Erasure(user_id=OTHER, forget_id="f", outcome="{}", delete_vertices=[last], delete_vectors=[last])
+        )
+        (new,) = await add(store, USER, 30, 1)
+        numbers = dict(store._conn().execute("SELECT id, item_no FROM items").fetchall())
+        assert numbers[new] == max(numbers.values()) and numbers[new] <= 33  # the freed number, given again
+        top = await store.search(USER, ["thesis"], vec(hash(new) % 10_000), "text 30", k=1)
+        assert top[0].id == new
+        lexical = await store.search(USER, ["thesis"], None, "30", k=1)
+        assert lexical[0].id == new

@@ -21,6 +21,7 @@ from .codec import user_key
 #: below this many indexed texts a user's searches stay in SQLite (they are fast enough there)
 MIN_ITEMS = 20_000
 DELETED_KEY = "items_deleted:"  # + the user's key: a counter per user
+ANY_DELETED_KEY = DELETED_KEY + "any"  # every user's deletions (a user's key is "u" + a digest, never "any")
 
 P = TypeVar("P")
 
@@ -29,7 +30,9 @@ P = TypeVar("P")
 class _User(Generic[P]):
     count: int
     max_item_no: int
-    deleted: str
+    deleted: str  # the user's deletion counter when the copy was read
+    deleted_any: str  # every user's deletion counter then: while it stands, no item number was freed and reused
+    seen: int  # every row up to this item number was looked at (this user's or not)
     copy: P | None = None  # None: too small, searched in SQLite
     synced: dict[int, int] = field(default_factory=dict)  # connection id -> its data_version when last synced
 
@@ -65,21 +68,21 @@ class ItemFollower(Generic[P]):
         user = self._users.get(user_id)
         if user is not None and user.synced.get(id(conn)) == version:
             return user  # nothing committed by another connection since this one last looked
-        deleted = _deleted(conn, user_id)
+        deleted, deleted_any = _deleted(conn, _deleted_key(user_id)), _deleted(conn, ANY_DELETED_KEY)
         if user is None or user.deleted != deleted:
-            user = self._load(conn, user_id, deleted)
+            user = self._load(conn, user_id, deleted, deleted_any)
         else:
-            self._append(conn, user_id, user)
+            self._append(conn, user_id, user, deleted_any)
         user.synced[id(conn)] = version
         self._users[user_id] = user
         return user
 
-    def _load(self, conn: apsw.Connection, user_id: str, deleted: str) -> _User[P]:
+    def _load(self, conn: apsw.Connection, user_id: str, deleted: str, deleted_any: str) -> _User[P]:
         found: Any = conn.execute(
             "SELECT count(*), coalesce(max(item_no), 0) FROM items WHERE user_id = ?", (user_id,)
         ).fetchone()
-        count, top = found
-        user: _User[P] = _User(count=int(count), max_item_no=int(top), deleted=deleted)
+        count, top = int(found[0]), int(found[1])
+        user: _User[P] = _User(count, top, deleted, deleted_any, seen=top)
         if user.count >= self.min_items:
             rows: list[Any] = conn.execute(
                 f"SELECT item_no, kind{self.columns} FROM items WHERE user_id = ? AND item_no <= ? ORDER BY item_no",
@@ -88,17 +91,22 @@ class ItemFollower(Generic[P]):
             user.copy = self._add(self._empty(), rows)
         return user
 
-    def _append(self, conn: apsw.Connection, user_id: str, user: _User[P]) -> None:
-        # The rows after the last one this copy holds, read the cheaper way: by rowid when fewer rows were written
-        # since (by anyone) than the user has, else on the user's index. SQLite itself picked the user's index,
-        # which for a big user read all its rows after every commit of any connection (6 ms at 100k triplets).
-        top: Any = conn.execute("SELECT coalesce(max(item_no), 0) FROM items").fetchone()
-        by_rowid = int(top[0]) - user.max_item_no <= user.count
+    def _append(self, conn: apsw.Connection, user_id: str, user: _User[P], deleted_any: str) -> None:
+        """Append the user's rows written since the last look. They are past ``seen`` unless some user's rows were
+        deleted since (a freed item number is given again), and then past the user's own last row. Read by rowid
+        when fewer rows follow that point than the user has, else on the user's index: left to itself SQLite took
+        the index, which read all of a big user's rows after every commit (6 ms at 100k triplets)."""
+        start = user.seen if deleted_any == user.deleted_any else user.max_item_no
+        found: Any = conn.execute("SELECT max(item_no) FROM items").fetchone()
+        top = int(found[0] or 0)
+        by_rowid = top - start <= user.count
         rows: list[Any] = conn.execute(
             f"SELECT item_no, kind{self.columns} FROM items WHERE item_no > ? AND {'+' if by_rowid else ''}user_id = ? "
             "ORDER BY item_no",
-            (user.max_item_no, user_id),
+            (start, user_id),
         ).fetchall()
+        user.deleted_any = deleted_any
+        user.seen = max(top, int(rows[-1][0]) if rows else 0)
         if not rows:
             return
         user.count += len(rows)
@@ -106,7 +114,7 @@ class ItemFollower(Generic[P]):
         if user.copy is not None:
             user.copy = self._add(user.copy, rows)
         elif user.count >= self.min_items:
-            fresh = self._load(conn, user_id, user.deleted)
+            fresh = self._load(conn, user_id, user.deleted, deleted_any)
             user.copy, user.count, user.max_item_no = fresh.copy, fresh.count, fresh.max_item_no
 
 
@@ -114,17 +122,19 @@ def _deleted_key(user_id: str) -> str:
     return DELETED_KEY + user_key(user_id)  # a digest: meta holds no user id in the clear
 
 
-def _deleted(conn: apsw.Connection, user_id: str) -> str:
-    row: Any = conn.execute("SELECT value FROM meta WHERE key = ?", (_deleted_key(user_id),)).fetchone()
+def _deleted(conn: apsw.Connection, key: str) -> str:
+    row: Any = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
     return "0" if row is None else str(row[0])
 
 
 def note_deletion(conn: apsw.Connection, user_id: str) -> None:
     """Called in the transaction that deletes a user's indexed texts: every process reloads that user's copies.
     Other users' copies stay valid: a reused item number is above every number still in use, so it reaches them
-    as an appended text, never in place of one they hold."""
-    conn.execute(
-        "INSERT INTO meta (key, value) VALUES (?, '1') "
-        "ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)",
-        (_deleted_key(user_id),),
-    )
+    as an appended text, never in place of one they hold (the counter of every user's deletions tells them to
+    look past their own last row, not past the last row they saw)."""
+    for key in (_deleted_key(user_id), ANY_DELETED_KEY):
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?, '1') "
+            "ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)",
+            (key,),
+        )
