@@ -45,7 +45,7 @@ class Terms:
     kind_codes: dict[str, int]
     lengths: np.ndarray  # float64 (n,): tokens in all columns, as FTS5 counts a row's size
     norms: np.ndarray  # float64 (n,): BM25's length normalisation, k1 * (1 - b + b * length / mean length)
-    postings: dict[str, tuple[np.ndarray, np.ndarray]]  # term -> (row positions int64, counts float64)
+    postings: dict[str, tuple[np.ndarray, np.ndarray]]  # term -> (row positions int32, counts uint16)
 
 
 def _empty() -> Terms:
@@ -130,7 +130,7 @@ class TermIndex(ItemFollower[Terms]):
                 tf.append(count)
         postings = dict(copy.postings)
         for term, (at, tf) in grown.items():
-            new = (np.asarray(at, dtype=np.int64), np.asarray(tf, dtype=np.float64))
+            new = (np.asarray(at, dtype=np.int32), np.minimum(np.asarray(tf), 65535).astype(np.uint16))
             old = postings.get(term)
             postings[term] = (
                 new if old is None else (np.concatenate([old[0], new[0]]), np.concatenate([old[1], new[1]]))
