@@ -78,11 +78,14 @@ class Flat(GraphRetriever):
         scope.store_calls += 1
         hits = await scope.vectors.search(scope.user_id, kinds, vector, text, k=request.budget * params.overfetch)
         ids = [h.id for h in hits]
-        vertices = await scope.graph.get_vertices(scope.user_id, ids)
-        found = [i for i in ids if i in vertices]
+        if "triplet" in kinds:  # hits may be edges: tell them from vertices
+            vertices = await scope.graph.get_vertices(scope.user_id, ids)
+            found, rest = [i for i in ids if i in vertices], [i for i in ids if i not in vertices]
+        else:  # every hit is a vertex's text, read below with the triplet that shows it (one read less)
+            found, rest = ids, []
         # a thesis and its message are one item: whichever ranks first shows both (``Triplet.context``)
         shown = await episode_triplets(scope, found) if episodic else {}
         # a thesis with no message (written by hand or from a graph import) is shown from its object
         shown = await vertex_triplets(scope, [i for i in found if i not in shown]) | shown
-        edges = await scope.graph.get_triplets(scope.user_id, [i for i in ids if i not in vertices])
+        edges = await scope.graph.get_triplets(scope.user_id, rest) if rest else {}
         return [t for i in ids if (t := shown.get(i) or edges.get(i)) is not None]
