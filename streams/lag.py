@@ -174,6 +174,7 @@ class LagSensor:
                 if records:
                     found[tp] = max(found[tp], max(r.offset for r in records) + 1)
                     pending.discard(tp)
+        consumer.unsubscribe()  # no fetching in the background between samples
         if pending:  # deleted by retention since, or slow: the reported end stands, the lag may read low
             log.warning("lag_end_probe_incomplete", partitions=len(pending))
         return found
