@@ -34,6 +34,7 @@ from streams.kafka_security import kafka_client_options
 log = get_logger(__name__)
 
 PROBE_TIMEOUT_S = 2.0  # how long one sample waits for the last records of the partitions it probes
+NUDGE_GAP_S = 0.5  # after a nudge, the least time between two samples: a stream of writes samples twice a second
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class LagSensor:
         self._consumer: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._task: asyncio.Task[None] | None = None
+        self._nudged = asyncio.Event()
         self.estimator = CatchUpEstimator()
         self.catch_up: dict[str, CatchUp] = {}  # per topic, as of the last sample
         self.workers: dict[str, CatchUp] = {}  # per worker (group member), as of the last sample
@@ -110,13 +112,23 @@ class LagSensor:
             await self._admin.close()
             self._admin = None
 
+    def nudge(self) -> None:
+        """Records were just published: sample now rather than at the end of the period, so that a backlog shows
+        (and a "caught up" from before it does not stand) as soon as there is one."""
+        self._nudged.set()
+
     async def _run(self) -> None:
         while True:
+            self._nudged.clear()  # a nudge from here on, during the sample too, asks for the next one
             try:
                 await self.sample()
             except (KafkaError, OSError) as exc:
                 log.warning("lag_sample_failed", error=repr(exc))
-            await asyncio.sleep(self.interval_s)  # the sampling period, not a wait for something to happen
+            try:
+                await asyncio.wait_for(self._nudged.wait(), self.interval_s)
+            except TimeoutError:
+                continue  # the sampling period ended
+            await asyncio.sleep(NUDGE_GAP_S)  # bounds the sampling rate; not a wait for something to happen
 
     async def sample(self) -> dict[TopicPartition, int]:
         """Measure once, update the gauge, and return the lag of every partition of ``topics``."""

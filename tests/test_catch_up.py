@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -119,6 +120,33 @@ async def test_every_record_of_a_batch_counts_as_waiting(broker: EmbeddedBroker,
         lag = await sensor.sample()
         assert lag[TopicPartition(topic, 0)] == 4 and lag[TopicPartition(topic, 1)] == 0
         assert sensor.catch_up[topic].backlog == 4
+    finally:
+        await sensor.stop()
+
+
+@pytest.mark.server
+async def test_a_nudge_samples_at_once(broker: EmbeddedBroker, settings: Settings) -> None:
+    # the gateway nudges the sensor after it publishes: the backlog shows now, not at the end of a long period
+    await ensure_topics(settings, broker.bootstrap)
+    topic = settings.topic("chat")
+    sensor = LagSensor(broker.bootstrap, "nudge-test-group", [topic], interval_s=3600, settings=settings)
+    await sensor.start()
+    try:
+        deadline = time.monotonic() + 30
+        while topic not in sensor.catch_up:  # the first sample, taken at start
+            assert time.monotonic() < deadline, "never sampled"
+            await asyncio.sleep(0.05)  # polling the condition, with the deadline above
+        assert sensor.catch_up[topic].backlog == 0
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, b"x", partition=0)
+        finally:
+            await producer.stop()
+        sensor.nudge()
+        while sensor.catch_up[topic].backlog != 1:
+            assert time.monotonic() < deadline, "the nudge did not bring a sample"
+            await asyncio.sleep(0.05)
     finally:
         await sensor.stop()
 

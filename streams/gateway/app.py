@@ -236,6 +236,9 @@ def create_app(
             if topic in memory_topics:
                 relay.publish_failed(records)  # on disk already: the relay publishes them later
             raise
+        lag = getattr(app.state, "lag_sensor", None)
+        if lag is not None:
+            lag.nudge()  # the backlog shows at once, not at the next sampling period
 
     @app.exception_handler(KafkaError)
     async def broker_unavailable(request: Request, exc: KafkaError) -> JSONResponse:
