@@ -86,6 +86,7 @@ class LagSensor:
         self._admin: AIOKafkaAdminClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._nudged = asyncio.Event()
+        self._sampling = asyncio.Lock()
         self.estimator = CatchUpEstimator()
         self.catch_up: dict[str, CatchUp] = {}  # per topic, as of the last sample
         self.workers: dict[str, CatchUp] = {}  # per worker (group member), as of the last sample
@@ -131,7 +132,13 @@ class LagSensor:
             await asyncio.sleep(NUDGE_GAP_S)  # bounds the sampling rate; not a wait for something to happen
 
     async def sample(self) -> dict[TopicPartition, int]:
-        """Measure once, update the gauge, and return the lag of every partition of ``topics``."""
+        """Measure once, update the gauge, and return the lag of every partition of ``topics``. One sample at a
+        time: the end probe assigns the consumer and lets it go, and a fetch of one sample on a consumer the other
+        had let go waited for an assignment forever."""
+        async with self._sampling:
+            return await self._sample()
+
+    async def _sample(self) -> dict[TopicPartition, int]:
         consumer, admin = self._consumer, self._admin
         if consumer is None or admin is None:
             raise RuntimeError("LagSensor.sample() before start()")

@@ -86,6 +86,9 @@ async def test_each_worker_sees_the_backlog_of_the_partitions_it_holds(
         while not worker.assignment():  # joined the group once it holds its partitions
             assert time.monotonic() < deadline, "the worker never joined"
             await worker.getmany(timeout_ms=200, max_records=1)
+        while topic not in sensor.catch_up:  # the sampling loop's first sample is done: it samples no more
+            assert time.monotonic() < deadline, "never sampled"
+            await asyncio.sleep(0.05)  # polling the condition, with the deadline above
         await sensor.sample()
         (member,) = sensor.workers
         assert sensor.workers[member].backlog == 6
@@ -120,6 +123,28 @@ async def test_every_record_of_a_batch_counts_as_waiting(broker: EmbeddedBroker,
         lag = await sensor.sample()
         assert lag[TopicPartition(topic, 0)] == 4 and lag[TopicPartition(topic, 1)] == 0
         assert sensor.catch_up[topic].backlog == 4
+    finally:
+        await sensor.stop()
+
+
+@pytest.mark.server
+async def test_samples_at_once_do_not_wait_on_each_other(broker: EmbeddedBroker, settings: Settings) -> None:
+    # the sampling loop and a caller (a test, a nudge) can sample together; the end probe assigns and releases the
+    # sensor's consumer, and a fetch on a consumer released by the other sample waited for an assignment forever
+    await ensure_topics(settings, broker.bootstrap)
+    topic = settings.topic("chat")
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+    await producer.start()
+    try:
+        for n in range(4):
+            await producer.send_and_wait(topic, b"x", partition=n % 2)
+    finally:
+        await producer.stop()
+    sensor = LagSensor(broker.bootstrap, "together-test-group", [topic], interval_s=3600, settings=settings)
+    await sensor.start()
+    try:
+        lags = await asyncio.wait_for(asyncio.gather(*(sensor.sample() for _ in range(4))), 30)
+        assert all(sum(lag.values()) == 4 for lag in lags)
     finally:
         await sensor.stop()
 
