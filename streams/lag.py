@@ -187,8 +187,11 @@ class LagSensor:
         for tp in pending:
             consumer.seek(tp, ends[tp] - 1)
         deadline = time.monotonic() + PROBE_TIMEOUT_S
-        while pending and time.monotonic() < deadline:
-            fetched = await consumer.getmany(*pending, timeout_ms=200)
+        while pending and (left := deadline - time.monotonic()) > 0:
+            try:  # getmany's own timeout does not bound its wait for an assignment: this does
+                fetched = await asyncio.wait_for(consumer.getmany(*pending, timeout_ms=200), left)
+            except TimeoutError:
+                break
             for tp, records in fetched.items():
                 if records:
                     found[tp] = max(found[tp], max(r.offset for r in records) + 1)
