@@ -77,8 +77,9 @@ class LagSensor:
         """``settings``: the Kafka security to connect with, and whether to probe the ends (unset: the process's
         own settings)."""
         self.bootstrap = bootstrap
+        settings = settings if settings is not None else get_settings()
         self.security = kafka_client_options(settings)
-        self.probe_ends = (settings if settings is not None else get_settings()).lag_probe_ends
+        self.probe_ends = settings.lag_probe_ends
         self.group = group
         self.topics = list(topics)
         self.interval_s = interval_s

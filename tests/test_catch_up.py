@@ -15,6 +15,17 @@ from streams.lag import CatchUpEstimator, LagSensor, catch_up_from_metrics, catc
 from streams.topics import ensure_topics
 
 
+async def publish(bootstrap: str, topic: str, partitions: list[int]) -> None:
+    """One record into each partition listed, each sent on its own (a batch of one)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for partition in partitions:
+            await producer.send_and_wait(topic, b"x", partition=partition)
+    finally:
+        await producer.stop()
+
+
 def test_a_backlog_is_visible_then_drains() -> None:
     estimator = CatchUpEstimator()
     first = estimator.update("chat", committed=0, backlog=100, now=0.0)
@@ -69,13 +80,7 @@ async def test_each_worker_sees_the_backlog_of_the_partitions_it_holds(
 ) -> None:
     await ensure_topics(settings, broker.bootstrap)
     topic = settings.topic("chat")
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
-    await producer.start()
-    try:
-        for n in range(6):
-            await producer.send_and_wait(topic, b"x", partition=n % 2)
-    finally:
-        await producer.stop()
+    await publish(broker.bootstrap, topic, [n % 2 for n in range(6)])
     group = "catch-up-test-group"
     worker = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False)
     await worker.start()
@@ -133,13 +138,7 @@ async def test_samples_at_once_do_not_wait_on_each_other(broker: EmbeddedBroker,
     # sensor's consumer, and a fetch on a consumer released by the other sample waited for an assignment forever
     await ensure_topics(settings, broker.bootstrap)
     topic = settings.topic("chat")
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
-    await producer.start()
-    try:
-        for n in range(4):
-            await producer.send_and_wait(topic, b"x", partition=n % 2)
-    finally:
-        await producer.stop()
+    await publish(broker.bootstrap, topic, [n % 2 for n in range(4)])
     sensor = LagSensor(broker.bootstrap, "together-test-group", [topic], interval_s=3600, settings=settings)
     await sensor.start()
     try:
@@ -162,12 +161,7 @@ async def test_a_nudge_samples_at_once(broker: EmbeddedBroker, settings: Setting
             assert time.monotonic() < deadline, "never sampled"
             await asyncio.sleep(0.05)  # polling the condition, with the deadline above
         assert sensor.catch_up[topic].backlog == 0
-        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
-        await producer.start()
-        try:
-            await producer.send_and_wait(topic, b"x", partition=0)
-        finally:
-            await producer.stop()
+        await publish(broker.bootstrap, topic, [0])
         sensor.nudge()
         while sensor.catch_up[topic].backlog != 1:
             assert time.monotonic() < deadline, "the nudge did not bring a sample"

@@ -48,10 +48,6 @@ class Terms:
     postings: dict[str, tuple[np.ndarray, np.ndarray]]  # term -> (row positions int32, counts uint16)
 
 
-def _empty() -> Terms:
-    return Terms(np.zeros(0, np.int64), np.zeros(0, np.int16), {}, np.zeros(0, np.float64), np.zeros(0), {})
-
-
 class TermIndex(ItemFollower[Terms]):
     """The in-memory inverted indexes of the big users of one store, shared by its reader threads."""
 
@@ -109,12 +105,13 @@ class TermIndex(ItemFollower[Terms]):
     # -- building the copy ----------------------------------------------------------------------------------------
 
     def _empty(self) -> Terms:
-        return _empty()
+        return Terms(np.zeros(0, np.int64), np.zeros(0, np.int16), {}, np.zeros(0, np.float64), np.zeros(0), {})
 
     def _add(self, copy: Terms, rows: Sequence[Any]) -> Terms:
         start = len(copy.item_nos)
         kind_codes = dict(copy.kind_codes)
         kinds, lengths, item_nos = [], [], []
+        kind_tokens = {kind: len(self.tokens(kind)) for kind in {str(row[1]) for row in rows}}  # once a kind, not a row
         grown: dict[str, tuple[list[int], list[int]]] = {}
         for position, (item_no, kind, text) in enumerate(rows, start=start):
             kind = str(kind)
@@ -123,7 +120,7 @@ class TermIndex(ItemFollower[Terms]):
             counts = Counter(self.tokens(str(text)))
             item_nos.append(int(item_no))
             kinds.append(kind_codes[kind])
-            lengths.append(sum(counts.values()) + USER_KEY_TOKENS + len(self.tokens(kind)))
+            lengths.append(sum(counts.values()) + USER_KEY_TOKENS + kind_tokens[kind])
             for term, count in counts.items():
                 at, tf = grown.setdefault(term, ([], []))
                 at.append(position)
