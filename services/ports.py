@@ -63,8 +63,11 @@ class GraphStore(ABC):
         vertex_ids: Sequence[str],
         edge_kinds: Sequence[EdgeKind] | None = None,
         limit_per_vertex: int | None = None,
+        far_kinds: Sequence[VertexKind] | None = None,
     ) -> list[Triplet]:
-        """One hop, both directions, for a whole frontier in one round trip. Triplets keep the edge direction."""
+        """One hop, both directions, for a whole frontier in one round trip. Triplets keep the edge direction.
+        ``far_kinds``: only edges whose other end (the vertex that is not the frontier's) is of these kinds; the
+        limit counts those only."""
 
     @abstractmethod
     async def get_triplets(self, user_id: str, edge_ids: Sequence[str]) -> dict[str, Triplet]:

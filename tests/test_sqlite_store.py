@@ -14,12 +14,13 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 
 from services import ids
-from services.adapters.sqlite import SqliteMemoryStore, codec, write
+from services.adapters.sqlite import SqliteMemoryStore, codec, schema, write
 from services.domain import ChangeSet, Edge, EdgeKind, Invalidation, Vertex, VertexKind
-from services.ports import VectorItem
+from services.ports import CacheScope, VectorItem
 
 DIM = 8
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -208,6 +209,47 @@ async def test_kv_cache(store: SqliteMemoryStore) -> None:
     assert await store.get("h") == "two"
     assert (await store.dump())["kv"] == [("h", "two")]
     assert "kv" not in await store.dump("alice")
+
+
+async def test_cache_writes_leave_the_memory_file_alone(tmp_path: Path) -> None:
+    """The cache has its own file: a question's cache write does not change the memory file, so readers of the
+    memory keep their page cache and memory map (``schema.cache_path``)."""
+    path = tmp_path / "memory.sqlite3"
+    async with await SqliteMemoryStore.open(path, DIM) as s:
+        await s.apply(*change_set("alice", "m1"))
+        watcher = schema.connect(path)
+        before = watcher.execute("PRAGMA main.data_version").fetchone()
+        await s.put("question-key", "an answer about Quuxenberg", CacheScope(user_id="alice"))
+        assert watcher.execute("PRAGMA main.data_version").fetchone() == before
+        assert watcher.execute("SELECT value FROM cache.kv").fetchall() == [("an answer about Quuxenberg",)]
+        await s.apply(*change_set("alice", "m2"))  # a memory write is still seen
+        assert watcher.execute("PRAGMA main.data_version").fetchone() != before
+        watcher.close()
+    assert b"Quuxenberg" not in path.read_bytes()
+    assert b"Quuxenberg" in schema.cache_path(path).read_bytes()
+
+
+async def test_a_file_with_the_cache_inside_moves_it_out(tmp_path: Path) -> None:
+    """A memory file from before the cache had its own keeps its entries and their sources (so a forget still
+    reaches them), moved to the cache file; its own cache tables are gone."""
+    path = tmp_path / "memory.sqlite3"
+    async with await SqliteMemoryStore.open(path, DIM) as s:
+        await s.apply(*change_set("alice", "m1"))
+    old = apsw.Connection(str(path))  # the layout before: kv and kv_sources in the memory file
+    old.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    old.execute("CREATE TABLE kv_sources (key TEXT NOT NULL, user_id TEXT NOT NULL, event_id TEXT NOT NULL, "
+                "PRIMARY KEY (key, user_id, event_id))")  # fmt: skip
+    old.execute("INSERT INTO kv VALUES ('k1', 'old answer'), ('k2', 'other answer')")
+    old.execute("INSERT INTO kv_sources VALUES ('k1', 'alice', 'm1'), ('k2', 'bob', '')")
+    old.close()
+    async with await SqliteMemoryStore.open(path, DIM) as s:
+        assert await s.get("k1") == "old answer"
+        assert (await s.dump("alice"))["kv_sources"] == [("k1", "alice", "m1")]
+        assert await s.forget("alice", ["m1"]) == 1
+        assert await s.get("k1") is None and await s.get("k2") == "other answer"
+    plain = apsw.Connection(str(path))
+    assert plain.execute("SELECT name FROM sqlite_master WHERE name LIKE 'kv%'").fetchall() == []
+    plain.close()
 
 
 def test_fts_query_quotes_every_token() -> None:

@@ -19,7 +19,17 @@ from pydantic import SecretStr
 
 from services.adapters.dgraph import DgraphGraphStore
 from services.adapters.weaviate import WeaviateVectorStore
-from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Erasure, Stats, Triplet, Vertex
+from services.domain import (
+    Announcement,
+    ApplyResult,
+    ChangeSet,
+    EdgeKind,
+    Erasure,
+    Stats,
+    Triplet,
+    Vertex,
+    VertexKind,
+)
 from services.logging import get_logger
 from services.metrics import STORE_WRITE_LATENCY
 from services.ports import (
@@ -169,8 +179,9 @@ class RemoteMemoryStore(WholeBackend):
         vertex_ids: Sequence[str],
         edge_kinds: Sequence[EdgeKind] | None = None,
         limit_per_vertex: int | None = None,
+        far_kinds: Sequence[VertexKind] | None = None,
     ) -> list[Triplet]:
-        return await self.graph.neighbors(user_id, vertex_ids, edge_kinds, limit_per_vertex)
+        return await self.graph.neighbors(user_id, vertex_ids, edge_kinds, limit_per_vertex, far_kinds)
 
     async def get_triplets(self, user_id: str, edge_ids: Sequence[str]) -> dict[str, Triplet]:
         return await self.graph.get_triplets(user_id, edge_ids)

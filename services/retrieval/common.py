@@ -277,13 +277,17 @@ class Scope:
 
     # --- store calls -----------------------------------------------------------------------------------------
     async def neighbors(
-        self, vertex_ids: Iterable[str], kinds: Sequence[EdgeKind] | None = None, limit: int | None = None
+        self,
+        vertex_ids: Iterable[str],
+        kinds: Sequence[EdgeKind] | None = None,
+        limit: int | None = None,
+        far_kinds: Sequence[VertexKind] | None = None,
     ) -> list[Triplet]:
         ids = list(dict.fromkeys(vertex_ids))
         if not ids:
             return []
         self.store_calls += 1
-        found = await self.graph.neighbors(self.user_id, ids, kinds or self.walk_kinds(), limit)
+        found = await self.graph.neighbors(self.user_id, ids, kinds or self.walk_kinds(), limit, far_kinds)
         return [t for t in found if self.traversable(t)]
 
     async def hop(self, vertices: Sequence[Vertex], params: WalkParams) -> Hops:

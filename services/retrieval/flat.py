@@ -43,9 +43,21 @@ async def episode_triplets(scope: Scope, vertex_ids: list[str]) -> dict[str, Tri
     (object -> episode, preferring one from a thesis): ranked by either, one item per message."""
     if not vertex_ids:
         return {}
+    out = await _episode_triplets(scope, vertex_ids, [VertexKind.THESIS, VertexKind.EPISODIC])
+    # a message that stated no thesis is shown from an object it names
+    return out | await _episode_triplets(scope, [i for i in vertex_ids if i not in out], None)
+
+
+async def _episode_triplets(
+    scope: Scope, vertex_ids: list[str], far_kinds: list[VertexKind] | None
+) -> dict[str, Triplet]:
+    """One read: ``far_kinds`` thesis and episodic reads only a thesis's messages and a message's theses (an
+    episode links to every entity of its message: most of what a plain read decodes would be dropped here)."""
+    if not vertex_ids:
+        return {}
     wanted = set(vertex_ids)
     out: dict[str, Triplet] = {}
-    for t in await scope.neighbors(vertex_ids, kinds=[EdgeKind.EPISODIC]):
+    for t in await scope.neighbors(vertex_ids, kinds=[EdgeKind.EPISODIC], far_kinds=far_kinds):
         if t.end.kind is not VertexKind.EPISODIC:
             continue
         if t.start.id in wanted and t.start.kind is VertexKind.THESIS:

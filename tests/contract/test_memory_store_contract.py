@@ -375,6 +375,21 @@ async def test_neighbors_edge_kind_filter_and_limit(memory_store: Stores, alice:
     assert await memory_store.graph.neighbors("alice", []) == []
 
 
+async def test_neighbors_far_kind_filter(memory_store: Stores, alice: World) -> None:
+    """Only edges whose other end is of the kinds asked, whichever way they point; the limit counts those only."""
+    await load(memory_store, alice)
+    graph = memory_store.graph
+    to_objects = await graph.neighbors("alice", [alice.id["alice"]], far_kinds=[VertexKind.OBJECT])
+    assert {t.edge.id for t in to_objects} == {alice.id[k] for k in ("lives_paris", "lives_berlin", "knows_bob")}
+    to_theses = await graph.neighbors("alice", [alice.id["paris"]], far_kinds=[VertexKind.THESIS])
+    assert [t.edge.id for t in to_theses] == [alice.id["p_tp"]]  # not lives_paris, whose other end is alice
+    into_episode = await graph.neighbors("alice", [alice.id["e1"]], [EdgeKind.EPISODIC], far_kinds=[VertexKind.THESIS])
+    assert [(t.start.id, t.end.id) for t in into_episode] == [(alice.id["t_paris"], alice.id["e1"])]
+    one = await graph.neighbors("alice", [alice.id["alice"]], limit_per_vertex=1, far_kinds=[VertexKind.THESIS])
+    assert len(one) == 1 and one[0].end.kind is VertexKind.THESIS
+    assert await graph.neighbors("alice", [alice.id["alice"]], far_kinds=[]) == []
+
+
 async def test_valid_theses_after_invalidation(memory_store: Stores, alice: World) -> None:
     await load(memory_store, alice, second=False)
     assert [v.id for v in await memory_store.graph.valid_theses("alice")] == [alice.id["t_paris"]]

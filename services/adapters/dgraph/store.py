@@ -292,12 +292,16 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
         vertex_ids: Sequence[str],
         edge_kinds: Sequence[EdgeKind] | None = None,
         limit_per_vertex: int | None = None,
+        far_kinds: Sequence[VertexKind] | None = None,
     ) -> list[Triplet]:
         frontier = list(dict.fromkeys(vertex_ids))
-        if not frontier or (edge_kinds is not None and not edge_kinds) or limit_per_vertex == 0:
+        empty = (edge_kinds is not None and not edge_kinds) or (far_kinds is not None and not far_kinds)
+        if not frontier or empty or limit_per_vertex == 0:
             return []
+        wanted = None if far_kinds is None else {VertexKind(kind) for kind in far_kinds}
         kinds = None if edge_kinds is None else [EdgeKind(kind).value for kind in edge_kinds]
-        params, query = queries.neighbors(user_id, frontier, kinds, limit_per_vertex)
+        # the far end's kind is checked here, so the server cuts to the limit only when no kind is asked
+        params, query = queries.neighbors(user_id, frontier, kinds, limit_per_vertex if wanted is None else None)
         result = await self._query("neighbors", query, params.values)
         by_id = {node["vertex.id"]: node for node in result.get("q", [])}
         triplets: dict[str, Triplet] = {}
@@ -311,12 +315,14 @@ class DgraphGraphStore(GraphStore, AnnouncementLog, KeyValueCache):
                 far = edge.get("edge.target")
                 if is_vertex(far):
                     end = read_vertex(far)
-                    found.append((edge, Triplet(start=here, edge=read_edge(edge, here.id, end.id), end=end)))
+                    if wanted is None or end.kind in wanted:
+                        found.append((edge, Triplet(start=here, edge=read_edge(edge, here.id, end.id), end=end)))
             for edge in node.get("in", []):
                 far = edge.get("edge.source")
                 if is_vertex(far) and far["vertex.id"] != here.id:  # a self-loop comes back once, as outgoing
                     start = read_vertex(far)
-                    found.append((edge, Triplet(start=start, edge=read_edge(edge, start.id, here.id), end=here)))
+                    if wanted is None or start.kind in wanted:
+                        found.append((edge, Triplet(start=start, edge=read_edge(edge, start.id, here.id), end=here)))
             found.sort(key=lambda item: str(item[0]["edge.id"]))
             found.sort(key=lambda item: str(item[0].get("edge.rank", "0")), reverse=True)  # stable: id breaks ties
             for _, triplet in found[:limit_per_vertex]:

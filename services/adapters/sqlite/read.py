@@ -51,11 +51,18 @@ def neighbors(
     vertex_ids: Sequence[str],
     edge_kinds: Sequence[EdgeKind] | None,
     limit_per_vertex: int | None,
+    far_kinds: Sequence[VertexKind] | None = None,
 ) -> list[Triplet]:
     frontier = list(dict.fromkeys(vertex_ids))
-    if not frontier or (edge_kinds is not None and not edge_kinds):
+    if not frontier or (edge_kinds is not None and not edge_kinds) or (far_kinds is not None and not far_kinds):
         return []
     kinds = [EdgeKind(kind).value for kind in edge_kinds] if edge_kinds is not None else [k.value for k in EdgeKind]
+    # the far end's kind is checked before the ranking, so the limit counts only the edges asked for
+    far_out, far_in, far_params = "", "", list[Any]()
+    if far_kinds is not None:
+        far = f"SELECT 1 FROM vertices v WHERE v.user_id = e.user_id AND v.id = e.{{}} AND v.kind IN {_IN_LIST}"
+        far_out, far_in = f" AND EXISTS ({far.format('target')})", f" AND EXISTS ({far.format('source')})"
+        far_params = [json_list([VertexKind(kind).value for kind in far_kinds])]
     # one statement for the whole frontier: outgoing and incoming edges (a self-loop only once), ranked per
     # frontier vertex so ``limit_per_vertex`` applies to each, then both ends joined in. CROSS JOIN keeps the
     # frontier the outer loop: the planner cannot size json_each and otherwise walked all the user's edges by
@@ -64,10 +71,10 @@ def neighbors(
         WITH frontier (vid, pos) AS (SELECT value, key FROM json_each(?)),
         hits AS (
             SELECT f.pos, e.* FROM frontier f CROSS JOIN edges e ON e.user_id = ? AND e.source = f.vid
-            WHERE e.kind IN {_IN_LIST}
+            WHERE e.kind IN {_IN_LIST}{far_out}
             UNION ALL
             SELECT f.pos, e.* FROM frontier f CROSS JOIN edges e ON e.user_id = ? AND e.target = f.vid
-            WHERE e.kind IN {_IN_LIST} AND e.source != e.target
+            WHERE e.kind IN {_IN_LIST} AND e.source != e.target{far_in}
         ),
         ranked AS (
             SELECT *, row_number() OVER (PARTITION BY pos ORDER BY t_valid DESC NULLS LAST, id) AS rn FROM hits
@@ -80,7 +87,12 @@ def neighbors(
         ORDER BY r.pos, r.rn
     """
     limit = 2**62 if limit_per_vertex is None else limit_per_vertex  # rn <= huge: no limit
-    params: tuple[Any, ...] = (json_list(frontier), user_id, json_list(kinds), user_id, json_list(kinds), limit)
+    params: tuple[Any, ...] = (
+        json_list(frontier),
+        *(user_id, json_list(kinds), *far_params),
+        *(user_id, json_list(kinds), *far_params),
+        limit,
+    )
     triplets: dict[str, Triplet] = {}
     # a frontier vertex is an end of each of its rows (an episode of every edge into it): decoded once per call,
     # which halved the vertices a flat retrieval decodes
@@ -211,7 +223,7 @@ def forget_outcome(conn: apsw.Connection, user_id: str, forget_id: str) -> str |
 
 
 def get_value(conn: apsw.Connection, key: str) -> str | None:
-    row = conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+    row = conn.execute("SELECT value FROM cache.kv WHERE key = ?", (key,)).fetchone()
     return None if row is None else str(row[0])
 
 
@@ -231,8 +243,11 @@ _DUMPS: dict[str, tuple[str, str | None]] = {
         "{where} ORDER BY t.term, t.doc, t.col, t.offset",
         "i.user_id",
     ),
-    "kv": ("SELECT key, value FROM kv ORDER BY key", None),
-    "kv_sources": ("SELECT key, user_id, event_id FROM kv_sources {where} ORDER BY key, user_id, event_id", "user_id"),
+    "kv": ("SELECT key, value FROM cache.kv ORDER BY key", None),
+    "kv_sources": (
+        "SELECT key, user_id, event_id FROM cache.kv_sources {where} ORDER BY key, user_id, event_id",
+        "user_id",
+    ),
     "forgets": ("SELECT user_id, forget_id, outcome FROM forgets {where} ORDER BY user_id, forget_id", "user_id"),
 }
 

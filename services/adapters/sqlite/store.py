@@ -23,7 +23,17 @@ from typing import Any, Self, TypeVar
 import apsw
 from prometheus_client import Histogram
 
-from services.domain import Announcement, ApplyResult, ChangeSet, EdgeKind, Erasure, Stats, Triplet, Vertex
+from services.domain import (
+    Announcement,
+    ApplyResult,
+    ChangeSet,
+    EdgeKind,
+    Erasure,
+    Stats,
+    Triplet,
+    Vertex,
+    VertexKind,
+)
 from services.logging import get_logger
 from services.metrics import STORE_WRITE_LATENCY
 from services.ports import (
@@ -176,11 +186,13 @@ class SqliteMemoryStore(WholeBackend):
         vertex_ids: Sequence[str],
         edge_kinds: Sequence[EdgeKind] | None = None,
         limit_per_vertex: int | None = None,
+        far_kinds: Sequence[VertexKind] | None = None,
     ) -> list[Triplet]:
         if not vertex_ids:
             return []
         kinds = None if edge_kinds is None else list(edge_kinds)
-        return await self._read("neighbors", read.neighbors, user_id, list(vertex_ids), kinds, limit_per_vertex)
+        far = None if far_kinds is None else list(far_kinds)
+        return await self._read("neighbors", read.neighbors, user_id, list(vertex_ids), kinds, limit_per_vertex, far)
 
     async def get_triplets(self, user_id: str, edge_ids: Sequence[str]) -> dict[str, Triplet]:
         if not edge_ids:

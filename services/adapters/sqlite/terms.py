@@ -26,8 +26,6 @@ from typing import Any
 import apsw
 import numpy as np
 
-from services.ports import VectorHit
-
 from .codec import FTS_TOKENIZER, query_words
 from .follow import MIN_ITEMS, ItemFollower
 
@@ -67,21 +65,25 @@ class TermIndex(ItemFollower[Terms]):
 
     def search(
         self, conn: apsw.Connection, user_id: str, kinds: Sequence[str], text: str, k: int
-    ) -> list[VectorHit] | None:
+    ) -> list[tuple[str, float]] | None:
         """The ``k`` best by BM25, in FTS5's order (score, then id); None when the user is searched by FTS5."""
         terms = self.copy_of(conn, user_id)
         if terms is None:
             return None
         scores, matched = self._scores(terms, text)
-        if kinds:
-            codes = [terms.kind_codes[kind] for kind in kinds if kind in terms.kind_codes]
-            matched &= np.isin(terms.kinds, codes)
         rows = np.flatnonzero(matched)
-        if len(rows) > k:  # the k best and every row tied with the k-th, so the id order decides among them
-            kth = np.partition(scores[rows], len(rows) - k)[len(rows) - k]
-            rows = rows[scores[rows] >= kth]
-        by_item = {int(terms.item_nos[r]): float(scores[r]) for r in rows}
-        return _ranked(conn, user_id, kinds, by_item, k)
+        if kinds:  # a lookup table by kind code, read for the matched rows only
+            wanted = np.zeros(max(len(terms.kind_codes), 1), dtype=bool)
+            wanted[[terms.kind_codes[kind] for kind in kinds if kind in terms.kind_codes]] = True
+            rows = rows[wanted[terms.kinds[rows]]]
+        ties: dict[int, float] = {}
+        if len(rows) > k:  # the rows above the k-th score are in; among those tied with it the id order decides
+            kth = float(np.partition(scores[rows], len(rows) - k)[len(rows) - k])
+            tied = rows[scores[rows] == kth]
+            rows = rows[scores[rows] > kth]
+            ties = dict.fromkeys(terms.item_nos[tied].tolist(), kth)
+        by_item = dict(zip(terms.item_nos[rows].tolist(), scores[rows].tolist(), strict=True))
+        return _ranked(conn, user_id, kinds, by_item, ties, k)
 
     def _scores(self, terms: Terms, text: str) -> tuple[np.ndarray, np.ndarray]:
         """Each row's BM25 for ``text``, and whether any of its phrases is in the row."""
@@ -156,16 +158,19 @@ def _phrase(terms: Terms, tokens: list[str]) -> tuple[np.ndarray, np.ndarray] | 
 
 
 def _ranked(
-    conn: apsw.Connection, user_id: str, kinds: Sequence[str], scores: dict[int, float], k: int
-) -> list[VectorHit]:
-    """The ids of the scored rows, read again with the user's and kinds' filters, best first, then by id."""
-    if not scores:
-        return []
+    conn: apsw.Connection, user_id: str, kinds: Sequence[str], above: dict[int, float], ties: dict[int, float], k: int
+) -> list[tuple[str, float]]:
+    """The ids of the rows above the cut and of the first of the rows tied at it by id (SQLite sorts those: at 1M
+    texts a common word ties thousands), read again with the user's and kinds' filters; best first, then by id."""
     where = " AND i.kind IN (SELECT value FROM json_each(?))" if kinds else ""
-    rows: list[Any] = conn.execute(
-        f"""SELECT i.item_no, i.id FROM json_each(?) c CROSS JOIN items i ON i.item_no = c.value
-            WHERE i.user_id = ?{where}""",
-        (json.dumps(list(scores)), user_id, *([json.dumps(list(kinds))] if kinds else [])),
-    ).fetchall()
+    kind_list = [json.dumps(list(kinds))] if kinds else []
+    sql = f"""SELECT i.item_no, i.id FROM json_each(?) c CROSS JOIN items i ON i.item_no = c.value
+              WHERE i.user_id = ?{where}"""
+    rows: list[Any] = conn.execute(sql, (json.dumps(list(above)), user_id, *kind_list)).fetchall() if above else []
+    if ties and len(rows) < k:
+        rows += conn.execute(
+            f"{sql} ORDER BY i.id LIMIT ?", (json.dumps(list(ties)), user_id, *kind_list, k - len(rows))
+        ).fetchall()
+    scores = above | ties
     best = sorted((-scores[int(item_no)], str(id_)) for item_no, id_ in rows)[:k]
-    return [VectorHit(id=id_, score=-negated) for negated, id_ in best]
+    return [(id_, -negated) for negated, id_ in best]

@@ -182,12 +182,12 @@ def mark_announced(conn: apsw.Connection, user_id: str, change_set_ids: Sequence
 def put_value(conn: apsw.Connection, key: str, value: str, scope: CacheScope | None) -> None:
     with conn:  # one transaction: an entry is never without its sources
         conn.execute(
-            "INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            "INSERT INTO cache.kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (key, value),
         )
         if scope is not None:
             conn.executemany(
-                "INSERT OR IGNORE INTO kv_sources (key, user_id, event_id) VALUES (?, ?, ?)",
+                "INSERT OR IGNORE INTO cache.kv_sources (key, user_id, event_id) VALUES (?, ?, ?)",
                 [(key, scope.user_id, event_id) for event_id in scope.event_ids or ("",)],
             )
 
@@ -196,16 +196,16 @@ def forget_values(conn: apsw.Connection, user_id: str, event_ids: Sequence[str] 
     """Remove the user's cache entries built from ``event_ids`` or from no named event (all: ``None``)."""
     with conn:
         if event_ids is None:
-            rows = conn.execute("SELECT DISTINCT key FROM kv_sources WHERE user_id = ?", (user_id,))
+            rows = conn.execute("SELECT DISTINCT key FROM cache.kv_sources WHERE user_id = ?", (user_id,))
         else:
             rows = conn.execute(
-                "SELECT DISTINCT key FROM kv_sources WHERE user_id = ? "
+                "SELECT DISTINCT key FROM cache.kv_sources WHERE user_id = ? "
                 "AND (event_id = '' OR event_id IN (SELECT value FROM json_each(?)))",
                 (user_id, json_list(event_ids)),
             )
         keys = [str(row[0]) for row in rows]
-        conn.executemany("DELETE FROM kv WHERE key = ?", [(key,) for key in keys])
-        conn.executemany("DELETE FROM kv_sources WHERE key = ?", [(key,) for key in keys])
+        conn.executemany("DELETE FROM cache.kv WHERE key = ?", [(key,) for key in keys])
+        conn.executemany("DELETE FROM cache.kv_sources WHERE key = ?", [(key,) for key in keys])
     return len(keys)
 
 
