@@ -35,6 +35,10 @@ log = get_logger(__name__)
 
 PROBE_TIMEOUT_S = 2.0  # how long one sample waits for the last records of the partitions it probes
 NUDGE_GAP_S = 0.5  # after a nudge, the least time between two samples: a stream of writes samples twice a second
+# after a nudge the sensor keeps sampling every NUDGE_GAP_S for this long: a worker commits its offsets about a
+# second after it writes memory (``broker_commit_interval``), so a sample taken at the memory update itself still
+# reads the messages as waiting, and the drain would show only at the end of the period
+FOLLOW_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -115,21 +119,25 @@ class LagSensor:
             self._admin = None
 
     def nudge(self) -> None:
-        """Records were just published: sample now rather than at the end of the period, so that a backlog shows
-        (and a "caught up" from before it does not stand) as soon as there is one."""
+        """Records were just published, or memory was just written: sample now and for ``FOLLOW_S`` after, rather
+        than at the end of the period, so that a backlog shows, and its drain, as soon as they happen (and a
+        "caught up" from before the records, or a backlog from before the drain, does not stand)."""
         self._nudged.set()
 
     async def _run(self) -> None:
+        follow_until = 0.0  # till then, sample every NUDGE_GAP_S: the last nudge's effects are still landing
         while True:
             self._nudged.clear()  # a nudge from here on, during the sample too, asks for the next one
             try:
                 await self.sample()
             except (KafkaError, OSError) as exc:
                 log.warning("lag_sample_failed", error=repr(exc))
+            following = time.monotonic() < follow_until
             try:
-                await asyncio.wait_for(self._nudged.wait(), self.interval_s)
+                await asyncio.wait_for(self._nudged.wait(), NUDGE_GAP_S if following else self.interval_s)
             except TimeoutError:
-                continue  # the sampling period ended
+                continue  # the sampling period (or the follow-up gap) ended
+            follow_until = time.monotonic() + FOLLOW_S
             await asyncio.sleep(NUDGE_GAP_S)  # bounds the sampling rate; not a wait for something to happen
 
     async def sample(self) -> dict[TopicPartition, int]:

@@ -170,6 +170,40 @@ async def test_a_nudge_samples_at_once(broker: EmbeddedBroker, settings: Setting
         await sensor.stop()
 
 
+@pytest.mark.server
+async def test_a_drain_after_a_nudge_shows_without_another(broker: EmbeddedBroker, settings: Settings) -> None:
+    # memory is written (the nudge) about a second before the worker commits its offsets: the sensor keeps
+    # sampling for a while after a nudge, so the drain shows then, not at the end of a long period
+    await ensure_topics(settings, broker.bootstrap)
+    topic = settings.topic("chat")
+    await publish(broker.bootstrap, topic, [0])
+    group = "drain-test-group"
+    worker = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False)
+    await worker.start()
+    sensor = LagSensor(broker.bootstrap, group, [topic], interval_s=3600, settings=settings)
+    await sensor.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sensor.catch_up.get(topic) is None or sensor.catch_up[topic].backlog != 1:
+            assert time.monotonic() < deadline, "the backlog never showed"
+            await asyncio.sleep(0.05)  # polling the condition, with the deadline above
+        while not worker.assignment():
+            await worker.getmany(timeout_ms=200)
+            assert time.monotonic() < deadline, "the worker got no partition"
+        before = sensor.catch_up[topic]
+        sensor.nudge()  # the memory update
+        while sensor.catch_up[topic] is before:  # the nudge's own sample, which still reads 1 waiting
+            assert time.monotonic() < deadline, "the nudge did not bring a sample"
+            await asyncio.sleep(0.05)
+        await worker.commit({TopicPartition(topic, 0): 1})  # the offsets, committed after it
+        while sensor.catch_up[topic].backlog != 0:
+            assert time.monotonic() < deadline, "the drain did not show before the period's end"
+            await asyncio.sleep(0.05)
+    finally:
+        await sensor.stop()
+        await worker.stop()
+
+
 def test_the_line_a_user_reads() -> None:
     assert catch_up_line({}) == "memorize backlog: not measured yet"
     assert catch_up_line({"error": "/metrics answered 403"}) == "memorize backlog: unknown (/metrics answered 403)"

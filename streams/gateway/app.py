@@ -164,6 +164,14 @@ def create_app(
     purger = Purger(ledger, forgets, book, dead_letters, outbox)
     forget_feed = MemoryUpdatesFeed(servers, topics.memory_updates, purger, settings)
 
+    def nudge_lag() -> None:
+        """The backlog display samples now: records were published, or memory written (a backlog drained)."""
+        lag = getattr(app.state, "lag_sensor", None)
+        if lag is not None:
+            lag.nudge()
+
+    forget_feed.on_update.append(nudge_lag)
+
     async def dead_letters_known() -> None:
         if not await dead_letter_feed.wait_loaded(DEAD_LETTERS_BACKLOG_WAIT_S):
             log.warning("outbox_replay_without_dead_letters", waited_s=DEAD_LETTERS_BACKLOG_WAIT_S)
@@ -236,9 +244,7 @@ def create_app(
             if topic in memory_topics:
                 relay.publish_failed(records)  # on disk already: the relay publishes them later
             raise
-        lag = getattr(app.state, "lag_sensor", None)
-        if lag is not None:
-            lag.nudge()  # the backlog shows at once, not at the next sampling period
+        nudge_lag()  # the backlog shows at once, not at the next sampling period
 
     @app.exception_handler(KafkaError)
     async def broker_unavailable(request: Request, exc: KafkaError) -> JSONResponse:

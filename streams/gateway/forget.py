@@ -455,8 +455,13 @@ class MemoryUpdatesFeed(TopicFeed):
             bootstrap, (topic,), client_id="memstream-gateway-forgets", name="forget-feed", settings=settings
         )
         self.purger = purger
+        #: called after each fetch that held any memory update (memory was written: a backlog may have drained)
+        self.on_update: list[Callable[[], None]] = []
 
     async def handle(self, fetched: Fetch) -> None:
+        if any(fetched.values()):
+            for listener in self.on_update:
+                listener()
         for records in fetched.values():
             for done in forgotten_records(records):
                 try:
