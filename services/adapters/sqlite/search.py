@@ -26,7 +26,7 @@ _IN_LIST = "(SELECT value FROM json_each(?))"
 Ranked = list[tuple[str, float]]
 
 
-def _hits(ranked: Ranked) -> list[VectorHit]:
+def hits(ranked: Ranked) -> list[VectorHit]:
     return [VectorHit(id=id_, score=score) for id_, score in ranked]
 
 
@@ -53,21 +53,8 @@ def dense(
     dim: int,
     restrict_to: Sequence[str] | None = None,
     signs: SignIndex | None = None,
-) -> list[VectorHit]:
-    """The ``k`` nearest by cosine; ``signs``: a big user's candidates come from its sign bits (``signs``)."""
-    return _hits(_dense(conn, user_id, kinds, vector, k, dim, restrict_to, signs))
-
-
-def _dense(
-    conn: apsw.Connection,
-    user_id: str,
-    kinds: Sequence[str],
-    vector: Sequence[float],
-    k: int,
-    dim: int,
-    restrict_to: Sequence[str] | None,
-    signs: SignIndex | None,
 ) -> Ranked:
+    """The ``k`` nearest by cosine; ``signs``: a big user's candidates come from its sign bits (``signs``)."""
     if k <= 0 or (restrict_to is not None and not restrict_to):
         return []
     candidates = None if signs is None or restrict_to is not None else signs.candidates(conn, user_id, kinds, vector, k)
@@ -111,8 +98,8 @@ def _rerank(
     query = np.asarray(vector, dtype=np.float32)
     norms = np.linalg.norm(found, axis=1) * float(np.linalg.norm(query))
     distances = 1.0 - (found @ query) / np.maximum(norms, 1e-30)
-    hits = sorted(zip(distances.tolist(), (str(r[0]) for r in rows), strict=True))[:k]
-    return [(id_, 1.0 - distance) for distance, id_ in hits]
+    best = sorted(zip(distances.tolist(), (str(r[0]) for r in rows), strict=True))[:k]
+    return [(id_, 1.0 - distance) for distance, id_ in best]
 
 
 def dense_many(
@@ -126,8 +113,8 @@ def dense_many(
 ) -> list[list[VectorHit]]:
     """``dense`` for each vector, on one connection in one read transaction (the hits agree with one snapshot)."""
     with conn:
-        hits = [dense(conn, user_id, kinds, vector, k, dim, signs=signs) for vector in vectors]
-    return hits
+        found = [hits(dense(conn, user_id, kinds, vector, k, dim, signs=signs)) for vector in vectors]
+    return found
 
 
 def lexical(
@@ -138,20 +125,8 @@ def lexical(
     k: int,
     restrict_to: Sequence[str] | None = None,
     terms: TermIndex | None = None,
-) -> list[VectorHit]:
-    """The ``k`` best by BM25; ``terms``: a big user's from its in-memory index (``terms``), not FTS5's."""
-    return _hits(_lexical(conn, user_id, kinds, text, k, restrict_to, terms))
-
-
-def _lexical(
-    conn: apsw.Connection,
-    user_id: str,
-    kinds: Sequence[str],
-    text: str,
-    k: int,
-    restrict_to: Sequence[str] | None,
-    terms: TermIndex | None,
 ) -> Ranked:
+    """The ``k`` best by BM25; ``terms``: a big user's from its in-memory index (``terms``), not FTS5's."""
     query = fts_match(user_id, kinds, text)
     if query is None or k <= 0 or (restrict_to is not None and not restrict_to):
         return []
@@ -201,8 +176,8 @@ def hybrid(
     depth = max(HYBRID_DEPTH * k, 30)
     conn.execute("BEGIN")  # both rankings from one snapshot
     try:
-        dense_hits = _dense(conn, user_id, kinds, vector, depth, dim, restrict_to, signs)
-        lexical_hits = _lexical(conn, user_id, kinds, text, depth, restrict_to, terms)
+        dense_hits = dense(conn, user_id, kinds, vector, depth, dim, restrict_to, signs)
+        lexical_hits = lexical(conn, user_id, kinds, text, depth, restrict_to, terms)
     finally:
         conn.execute("COMMIT")
     return fuse_ids([[id_ for id_, _ in dense_hits], [id_ for id_, _ in lexical_hits]], k)

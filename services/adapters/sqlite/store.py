@@ -247,9 +247,13 @@ class SqliteMemoryStore(WholeBackend):
             )
         if query_vector is not None:
             vector = list(query_vector)
-            return await self._read("search_dense", search.dense, user_id, kinds, vector, k, self.dim, ids, self._signs)
+            ranked = await self._read(
+                "search_dense", search.dense, user_id, kinds, vector, k, self.dim, ids, self._signs
+            )
+            return search.hits(ranked)
         if query_text:
-            return await self._read("search_lexical", search.lexical, user_id, kinds, query_text, k, ids, self._terms)
+            ranked = await self._read("search_lexical", search.lexical, user_id, kinds, query_text, k, ids, self._terms)
+            return search.hits(ranked)
         return []
 
     async def get_vectors(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]:
