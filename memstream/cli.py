@@ -180,6 +180,7 @@ async def _demo(
         except httpx.HTTPError as exc:
             echo(f"demo: could not send the sample chat: {exc!r}; logs: {logs}")
             return False
+        run.sent_at = time.time()  # the broker holds them: a backlog measured from now on counts them
         echo(
             f"demo: sent {len(messages)} messages for user {DEMO_USER!r}; memorizing them with the LLM "
             f"(up to {memorize_timeout_s:.0f}s; one call of a small local model on a busy CPU can take minutes; "
@@ -224,6 +225,7 @@ class _DemoRun:
         self.progress_every_s = progress_every_s
         self.poll_s = poll_s
         self.loop = asyncio.get_running_loop()
+        self.sent_at: float | None = None  # unix time the messages were accepted
 
     async def _get(self, path: str, **params: Any) -> Any:
         """The JSON of a GET, or None if the gateway did not answer it (a busy machine: try again next poll)."""
@@ -253,7 +255,7 @@ class _DemoRun:
             response = await self.http.get("/metrics")
         except httpx.HTTPError:
             return "LLM calls: unknown"
-        return _llm_summary(response.text) if response.status_code == 200 else "LLM calls: unknown"
+        return _llm_summary(response.text, self.sent_at) if response.status_code == 200 else "LLM calls: unknown"
 
     async def wait_memorized(
         self, user_id: str, wanted: Sequence[str], before: dict[str, int], timeout_s: float
@@ -340,8 +342,9 @@ class _DemoRun:
         return False
 
 
-def _llm_summary(metrics_text: str) -> str:
-    """LLM calls done so far, by outcome, and their mean latency, from the gateway's /metrics."""
+def _llm_summary(metrics_text: str, sent_at: float | None = None) -> str:
+    """LLM calls done so far, by outcome, and their mean latency, from the gateway's /metrics; then the memorize
+    backlog (``sent_at``: a measure from before the messages were sent says so)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     outcomes: Counter[str] = Counter()
@@ -372,7 +375,7 @@ def _llm_summary(metrics_text: str) -> str:
         text += f", {seconds / timed:.1f}s per call"
     from streams.lag import catch_up_from_metrics, catch_up_line
 
-    return f"{text}; {catch_up_line(catch_up_from_metrics(metrics_text))}"
+    return f"{text}; {catch_up_line(catch_up_from_metrics(metrics_text), since=sent_at)}"
 
 
 @app.command()

@@ -106,6 +106,13 @@ CONSUMER_LAG = Gauge(
 MEMORIZE_BACKLOG = Gauge(
     "memstream_memorize_backlog_messages", "Records waiting for the workers", ["topic"], multiprocess_mode="livemax"
 )
+# when the sensor read the offsets behind the two above (unix time): a reader that just sent messages knows whether
+# the backlog it reads counts them
+MEMORIZE_LAG_SAMPLED = Gauge(
+    "memstream_memorize_lag_sampled_timestamp_seconds",
+    "When the lag sensor last read the offsets (unix time)",
+    multiprocess_mode="livemax",
+)
 MEMORIZE_CATCHUP = Gauge(
     "memstream_memorize_catchup_seconds",
     "Estimated seconds until the worker group has caught up (backlog / recent drain rate; -1: not draining)",

@@ -24,6 +24,7 @@ from services.metrics import (
     CONSUMER_LAG,
     MEMORIZE_BACKLOG,
     MEMORIZE_CATCHUP,
+    MEMORIZE_LAG_SAMPLED,
     MEMORIZE_WORKER_BACKLOG,
     MEMORIZE_WORKER_CATCHUP,
 )
@@ -128,6 +129,7 @@ class LagSensor:
         follow_until = 0.0  # till then, sample every NUDGE_GAP_S: the last nudge's effects are still landing
         while True:
             self._nudged.clear()  # a nudge from here on, during the sample too, asks for the next one
+            sampled = time.monotonic()
             try:
                 await self.sample()
             except (KafkaError, OSError) as exc:
@@ -138,7 +140,9 @@ class LagSensor:
             except TimeoutError:
                 continue  # the sampling period (or the follow-up gap) ended
             follow_until = time.monotonic() + FOLLOW_S
-            await asyncio.sleep(NUDGE_GAP_S)  # bounds the sampling rate; not a wait for something to happen
+            # at most one sample every NUDGE_GAP_S (a nudge after a quiet spell samples at once); not a wait for
+            # something to happen
+            await asyncio.sleep(max(0.0, sampled + NUDGE_GAP_S - time.monotonic()))
 
     async def sample(self) -> dict[TopicPartition, int]:
         """Measure once, update the gauge, and return the lag of every partition of ``topics``. One sample at a
@@ -159,6 +163,7 @@ class LagSensor:
         ]
         if not partitions:
             return {}
+        read_at = time.time()  # the offsets below are at least this recent
         ends = await consumer.end_offsets(partitions)
         if self.probe_ends:
             ends = await self._last_records(consumer, ends)
@@ -181,6 +186,7 @@ class LagSensor:
             MEMORIZE_BACKLOG.labels(topic=topic).set(backlog)
             MEMORIZE_CATCHUP.labels(topic=topic).set(-1 if estimate.seconds is None else estimate.seconds)
         self._per_worker(await self._members(admin, partitions), lag, positions, now)
+        MEMORIZE_LAG_SAMPLED.set(read_at)
         return lag
 
     async def _last_records(
@@ -281,17 +287,22 @@ def catch_up_from_metrics(text: str) -> dict[str, Any]:
             workers.setdefault(sample.labels["worker"], {})["backlog"] = int(value)
         elif sample.name == "memstream_memorize_worker_catchup_seconds":
             workers.setdefault(sample.labels["worker"], {})["catchup_s"] = None if value < 0 else value
+        elif sample.name == "memstream_memorize_lag_sampled_timestamp_seconds":
+            out["sampled_at"] = value
     if workers:
         out["workers"] = workers
     return out
 
 
-def catch_up_line(catch_up: dict[str, Any]) -> str:
-    """One line a user reads to know when memory is current: records waiting, time to catch up, per worker."""
+def catch_up_line(catch_up: dict[str, Any], since: float | None = None) -> str:
+    """One line a user reads to know when memory is current: records waiting, time to catch up, per worker.
+    ``since`` (unix time, e.g. when the reader sent messages): a measure from before it does not count them."""
     if "error" in catch_up:
         return f"memorize backlog: unknown ({catch_up['error']})"
     if "backlog" not in catch_up:
         return "memorize backlog: not measured yet"
+    if since is not None and catch_up.get("sampled_at", 0.0) < since:
+        return "memorize backlog: measuring (the last measure is older than what was sent)"
 
     def eta(backlog: int, seconds: float | None) -> str:
         if backlog == 0:

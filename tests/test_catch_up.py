@@ -55,11 +55,13 @@ def test_the_published_estimate_reads_back_from_the_metrics_page() -> None:
             'memstream_memorize_catchup_seconds{topic="docs"} 1.5',
             'memstream_memorize_worker_backlog_messages{worker="w-1"} 15.0',
             'memstream_memorize_worker_catchup_seconds{worker="w-1"} -1.0',
+            "memstream_memorize_lag_sampled_timestamp_seconds 1764900000.5",
             "",
         ]
     )
     read = catch_up_from_metrics(page)
-    assert read == {"backlog": 15, "catchup_s": 6.0, "workers": {"w-1": {"backlog": 15, "catchup_s": None}}}
+    workers = {"w-1": {"backlog": 15, "catchup_s": None}}
+    assert read == {"backlog": 15, "catchup_s": 6.0, "sampled_at": 1764900000.5, "workers": workers}
     assert catch_up_from_metrics("") == {}
 
 
@@ -125,9 +127,12 @@ async def test_every_record_of_a_batch_counts_as_waiting(broker: EmbeddedBroker,
     sensor = LagSensor(broker.bootstrap, "batch-test-group", [topic], interval_s=3600, settings=settings)
     await sensor.start()
     try:
+        asked = time.time()
         lag = await sensor.sample()
         assert lag[TopicPartition(topic, 0)] == 4 and lag[TopicPartition(topic, 1)] == 0
         assert sensor.catch_up[topic].backlog == 4
+        # the page says when the offsets were read: after the records were sent, so it counts them
+        assert catch_up_from_metrics(generate_latest(REGISTRY).decode())["sampled_at"] >= asked
     finally:
         await sensor.stop()
 
@@ -212,3 +217,8 @@ def test_the_line_a_user_reads() -> None:
     )
     assert line == "memorize backlog: 12 waiting, ~6s to catch up (w-1: 12, not draining yet; w-2: 0, caught up)"
     assert catch_up_from_metrics("not a metrics page {")["error"].startswith("unreadable metrics page")
+    # a reader that sent messages at t=100 is not told "caught up" by a measure from before them
+    measured = {"backlog": 0, "catchup_s": 0.0, "sampled_at": 99.5}
+    assert catch_up_line(measured, since=100.0).startswith("memorize backlog: measuring")
+    assert catch_up_line(measured | {"sampled_at": 100.5}, since=100.0) == "memorize backlog: 0 waiting, caught up"
+    assert catch_up_line(measured) == "memorize backlog: 0 waiting, caught up"
