@@ -73,6 +73,9 @@ DEMO_MEMORIZE_TIMEOUT_S = 1800.0
 DEMO_ANSWER_TIMEOUT_S = 1800.0
 #: a progress line at least this often while the demo waits
 DEMO_PROGRESS_EVERY_S = 15.0
+# once memory holds every message, how long the demo waits for the backlog to read 0: a worker commits its offsets
+# about a second after it writes memory, and the lag sensor measures them then
+DEMO_DRAIN_SHOWN_S = 5.0
 REPLAY_HINT = "memstream dead-letters replay --all"
 
 
@@ -250,12 +253,28 @@ class _DemoRun:
                 return {}
             await self._pause(deadline)
 
-    async def llm_summary(self) -> str:
+    async def _metrics(self) -> str | None:
         try:
             response = await self.http.get("/metrics")
         except httpx.HTTPError:
-            return "LLM calls: unknown"
-        return _llm_summary(response.text, self.sent_at) if response.status_code == 200 else "LLM calls: unknown"
+            return None
+        return response.text if response.status_code == 200 else None
+
+    async def llm_summary(self) -> str:
+        text = await self._metrics()
+        return "LLM calls: unknown" if text is None else _llm_summary(text, self.sent_at)
+
+    async def drain_shown(self) -> bool:
+        """The backlog measured after the send reads 0, or there is no lag sensor to wait for."""
+        from streams.lag import catch_up_from_metrics
+
+        text = await self._metrics()
+        if text is None:
+            return False
+        catch_up = catch_up_from_metrics(text)
+        if "backlog" not in catch_up:
+            return True
+        return catch_up["backlog"] == 0 and catch_up.get("sampled_at", 0.0) >= (self.sent_at or 0.0)
 
     async def wait_memorized(
         self, user_id: str, wanted: Sequence[str], before: dict[str, int], timeout_s: float
@@ -281,6 +300,10 @@ class _DemoRun:
                     if event_id in wanted
                 }
             done = memorized + len(dead) >= len(wanted)
+            if done:  # the last line shows the drain too (within DEMO_DRAIN_SHOWN_S)
+                shown_by = min(deadline, self.loop.time() + DEMO_DRAIN_SHOWN_S)
+                while self.loop.time() < shown_by and not await self.drain_shown():
+                    await self._pause(shown_by)
             now = self.loop.time()
             line = f"memorized {memorized}/{len(wanted)}, dead-lettered {len(dead)}, {await self.llm_summary()}"
             if line != last_line or now - last_at >= self.progress_every_s or done:

@@ -473,6 +473,10 @@ def test_the_demo_shows_progress_and_what_failed(stack: Stack, poison: Path) -> 
     ]
     memorized, dead, calls = (int(g) for g in [m for m in progress if m][-1].groups())
     assert memorized + dead == 4 and memorized >= 1 and dead >= 1 and calls >= 1, text
+    # the first measure counts what was sent (or says it is measuring); the last shows the drain
+    backlogs = [line.split("memorize backlog: ")[-1] for line in lines if "memorize backlog: " in line]
+    assert not backlogs[0].startswith("0 waiting"), text
+    assert backlogs[-1].startswith("0 waiting, caught up"), text
     assert re.search(r"demo:   .*demo:3.*: extraction_failed after \d attempt", text), text
     assert f"{REPLAY_HINT} --user demo" in text
     assert "demo: memory of 'demo': " in text and f"demo: logs: {stack.log_dir}" in text
