@@ -266,7 +266,7 @@ class _DemoRun:
 
     async def drain_shown(self) -> bool:
         """The backlog measured after the send reads 0, or there is no lag sensor to wait for."""
-        from streams.lag import catch_up_from_metrics
+        from streams.lag import catch_up_from_metrics, measured_since
 
         text = await self._metrics()
         if text is None:
@@ -274,7 +274,7 @@ class _DemoRun:
         catch_up = catch_up_from_metrics(text)
         if "backlog" not in catch_up:
             return True
-        return catch_up["backlog"] == 0 and catch_up.get("sampled_at", 0.0) >= (self.sent_at or 0.0)
+        return catch_up["backlog"] == 0 and measured_since(catch_up, self.sent_at)
 
     async def wait_memorized(
         self, user_id: str, wanted: Sequence[str], before: dict[str, int], timeout_s: float

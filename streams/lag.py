@@ -294,6 +294,11 @@ def catch_up_from_metrics(text: str) -> dict[str, Any]:
     return out
 
 
+def measured_since(catch_up: dict[str, Any], since: float | None) -> bool:
+    """Whether the offsets behind ``catch_up`` were read at or after ``since`` (unix time; None: any measure)."""
+    return since is None or catch_up.get("sampled_at", 0.0) >= since
+
+
 def catch_up_line(catch_up: dict[str, Any], since: float | None = None) -> str:
     """One line a user reads to know when memory is current: records waiting, time to catch up, per worker.
     ``since`` (unix time, e.g. when the reader sent messages): a measure from before it does not count them."""
@@ -301,7 +306,7 @@ def catch_up_line(catch_up: dict[str, Any], since: float | None = None) -> str:
         return f"memorize backlog: unknown ({catch_up['error']})"
     if "backlog" not in catch_up:
         return "memorize backlog: not measured yet"
-    if since is not None and catch_up.get("sampled_at", 0.0) < since:
+    if not measured_since(catch_up, since):
         return "memorize backlog: measuring (the last measure is older than what was sent)"
 
     def eta(backlog: int, seconds: float | None) -> str:

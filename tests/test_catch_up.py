@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -24,6 +26,26 @@ async def publish(bootstrap: str, topic: str, partitions: list[int]) -> None:
             await producer.send_and_wait(topic, b"x", partition=partition)
     finally:
         await producer.stop()
+
+
+@asynccontextmanager
+async def running_sensor(
+    broker: EmbeddedBroker, settings: Settings, group: str, topic: str
+) -> AsyncIterator[LagSensor]:
+    """A started sensor of ``group`` on ``topic`` whose sampling period (an hour) never ends within a test."""
+    sensor = LagSensor(broker.bootstrap, group, [topic], interval_s=3600, settings=settings)
+    await sensor.start()
+    try:
+        yield sensor
+    finally:
+        await sensor.stop()
+
+
+async def until(check: Callable[[], bool], what: str, deadline: float) -> None:
+    """Poll ``check`` until it holds; fail saying ``what`` once ``deadline`` (monotonic) has passed."""
+    while not check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)  # polling the condition, with the deadline above
 
 
 def test_a_backlog_is_visible_then_drains() -> None:
@@ -124,17 +146,13 @@ async def test_every_record_of_a_batch_counts_as_waiting(broker: EmbeddedBroker,
         assert [(await f).offset for f in sent] == [0, 1, 2, 3]
     finally:
         await producer.stop()
-    sensor = LagSensor(broker.bootstrap, "batch-test-group", [topic], interval_s=3600, settings=settings)
-    await sensor.start()
-    try:
+    async with running_sensor(broker, settings, "batch-test-group", topic) as sensor:
         asked = time.time()
         lag = await sensor.sample()
         assert lag[TopicPartition(topic, 0)] == 4 and lag[TopicPartition(topic, 1)] == 0
         assert sensor.catch_up[topic].backlog == 4
         # the page says when the offsets were read: after the records were sent, so it counts them
         assert catch_up_from_metrics(generate_latest(REGISTRY).decode())["sampled_at"] >= asked
-    finally:
-        await sensor.stop()
 
 
 @pytest.mark.server
@@ -144,13 +162,9 @@ async def test_samples_at_once_do_not_wait_on_each_other(broker: EmbeddedBroker,
     await ensure_topics(settings, broker.bootstrap)
     topic = settings.topic("chat")
     await publish(broker.bootstrap, topic, [n % 2 for n in range(4)])
-    sensor = LagSensor(broker.bootstrap, "together-test-group", [topic], interval_s=3600, settings=settings)
-    await sensor.start()
-    try:
+    async with running_sensor(broker, settings, "together-test-group", topic) as sensor:
         lags = await asyncio.wait_for(asyncio.gather(*(sensor.sample() for _ in range(4))), 30)
         assert all(sum(lag.values()) == 4 for lag in lags)
-    finally:
-        await sensor.stop()
 
 
 @pytest.mark.server
@@ -158,21 +172,13 @@ async def test_a_nudge_samples_at_once(broker: EmbeddedBroker, settings: Setting
     # the gateway nudges the sensor after it publishes: the backlog shows now, not at the end of a long period
     await ensure_topics(settings, broker.bootstrap)
     topic = settings.topic("chat")
-    sensor = LagSensor(broker.bootstrap, "nudge-test-group", [topic], interval_s=3600, settings=settings)
-    await sensor.start()
-    try:
+    async with running_sensor(broker, settings, "nudge-test-group", topic) as sensor:
         deadline = time.monotonic() + 30
-        while topic not in sensor.catch_up:  # the first sample, taken at start
-            assert time.monotonic() < deadline, "never sampled"
-            await asyncio.sleep(0.05)  # polling the condition, with the deadline above
+        await until(lambda: topic in sensor.catch_up, "never sampled", deadline)  # the first sample, at start
         assert sensor.catch_up[topic].backlog == 0
         await publish(broker.bootstrap, topic, [0])
         sensor.nudge()
-        while sensor.catch_up[topic].backlog != 1:
-            assert time.monotonic() < deadline, "the nudge did not bring a sample"
-            await asyncio.sleep(0.05)
-    finally:
-        await sensor.stop()
+        await until(lambda: sensor.catch_up[topic].backlog == 1, "the nudge did not bring a sample", deadline)
 
 
 @pytest.mark.server
@@ -185,27 +191,26 @@ async def test_a_drain_after_a_nudge_shows_without_another(broker: EmbeddedBroke
     group = "drain-test-group"
     worker = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False)
     await worker.start()
-    sensor = LagSensor(broker.bootstrap, group, [topic], interval_s=3600, settings=settings)
-    await sensor.start()
     try:
-        deadline = time.monotonic() + 30
-        while sensor.catch_up.get(topic) is None or sensor.catch_up[topic].backlog != 1:
-            assert time.monotonic() < deadline, "the backlog never showed"
-            await asyncio.sleep(0.05)  # polling the condition, with the deadline above
-        while not worker.assignment():
-            await worker.getmany(timeout_ms=200)
-            assert time.monotonic() < deadline, "the worker got no partition"
-        before = sensor.catch_up[topic]
-        sensor.nudge()  # the memory update
-        while sensor.catch_up[topic] is before:  # the nudge's own sample, which still reads 1 waiting
-            assert time.monotonic() < deadline, "the nudge did not bring a sample"
-            await asyncio.sleep(0.05)
-        await worker.commit({TopicPartition(topic, 0): 1})  # the offsets, committed after it
-        while sensor.catch_up[topic].backlog != 0:
-            assert time.monotonic() < deadline, "the drain did not show before the period's end"
-            await asyncio.sleep(0.05)
+        async with running_sensor(broker, settings, group, topic) as sensor:
+            deadline = time.monotonic() + 30
+            await until(
+                lambda: topic in sensor.catch_up and sensor.catch_up[topic].backlog == 1,
+                "the backlog never showed",
+                deadline,
+            )
+            while not worker.assignment():
+                await worker.getmany(timeout_ms=200)
+                assert time.monotonic() < deadline, "the worker got no partition"
+            before = sensor.catch_up[topic]
+            sensor.nudge()  # the memory update
+            # the nudge's own sample, which still reads 1 waiting
+            await until(lambda: sensor.catch_up[topic] is not before, "the nudge did not bring a sample", deadline)
+            await worker.commit({TopicPartition(topic, 0): 1})  # the offsets, committed after it
+            await until(
+                lambda: sensor.catch_up[topic].backlog == 0, "the drain did not show before the period's end", deadline
+            )
     finally:
-        await sensor.stop()
         await worker.stop()
 
 

@@ -76,14 +76,14 @@ class TermIndex(ItemFollower[Terms]):
             wanted = np.zeros(max(len(terms.kind_codes), 1), dtype=bool)
             wanted[[terms.kind_codes[kind] for kind in kinds if kind in terms.kind_codes]] = True
             rows = rows[wanted[terms.kinds[rows]]]
-        ties: dict[int, float] = {}
+        tied: list[int] = []
+        kth = 0.0
         if len(rows) > k:  # the rows above the k-th score are in; among those tied with it the id order decides
             kth = float(np.partition(scores[rows], len(rows) - k)[len(rows) - k])
-            tied = rows[scores[rows] == kth]
+            tied = terms.item_nos[rows[scores[rows] == kth]].tolist()
             rows = rows[scores[rows] > kth]
-            ties = dict.fromkeys(terms.item_nos[tied].tolist(), kth)
         by_item = dict(zip(terms.item_nos[rows].tolist(), scores[rows].tolist(), strict=True))
-        return _ranked(conn, user_id, kinds, by_item, ties, k)
+        return _ranked(conn, user_id, kinds, by_item, tied, kth, k)
 
     def _scores(self, terms: Terms, text: str) -> tuple[np.ndarray, np.ndarray]:
         """Each row's BM25 for ``text``, and whether any of its phrases is in the row."""
@@ -158,19 +158,25 @@ def _phrase(terms: Terms, tokens: list[str]) -> tuple[np.ndarray, np.ndarray] | 
 
 
 def _ranked(
-    conn: apsw.Connection, user_id: str, kinds: Sequence[str], above: dict[int, float], ties: dict[int, float], k: int
+    conn: apsw.Connection,
+    user_id: str,
+    kinds: Sequence[str],
+    above: dict[int, float],
+    tied: list[int],
+    kth: float,
+    k: int,
 ) -> list[tuple[str, float]]:
-    """The ids of the rows above the cut and of the first of the rows tied at it by id (SQLite sorts those: at 1M
-    texts a common word ties thousands), read again with the user's and kinds' filters; best first, then by id."""
+    """The ids of the rows ``above`` the cut (item number -> score) and of the first by id of the rows ``tied`` at
+    it with score ``kth`` (SQLite sorts those: at 1M texts a common word ties thousands), read again with the
+    user's and kinds' filters; best first, then by id."""
     where = " AND i.kind IN (SELECT value FROM json_each(?))" if kinds else ""
     kind_list = [json.dumps(list(kinds))] if kinds else []
     sql = f"""SELECT i.item_no, i.id FROM json_each(?) c CROSS JOIN items i ON i.item_no = c.value
               WHERE i.user_id = ?{where}"""
     rows: list[Any] = conn.execute(sql, (json.dumps(list(above)), user_id, *kind_list)).fetchall() if above else []
-    if ties and len(rows) < k:
+    if tied and len(rows) < k:
         rows += conn.execute(
-            f"{sql} ORDER BY i.id LIMIT ?", (json.dumps(list(ties)), user_id, *kind_list, k - len(rows))
+            f"{sql} ORDER BY i.id LIMIT ?", (json.dumps(tied), user_id, *kind_list, k - len(rows))
         ).fetchall()
-    scores = above | ties
-    best = sorted((-scores[int(item_no)], str(id_)) for item_no, id_ in rows)[:k]
+    best = sorted((-above.get(int(item_no), kth), str(id_)) for item_no, id_ in rows)[:k]
     return [(id_, -negated) for negated, id_ in best]
