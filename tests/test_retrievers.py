@@ -464,3 +464,46 @@ def test_a_long_message_beside_its_thesis_is_cut_to_its_opening() -> None:
     shown = Triplet(start=thesis, edge=edge, end=chunk).context
     assert shown.startswith("[2023-05-25] Mel ran a race (said: [2023-05-25] word word")
     assert shown.endswith(" …)") and len(shown) < 500
+
+
+async def test_flat_reads_its_hits_a_part_at_a_time_with_the_same_result(store: SqliteMemoryStore) -> None:
+    """The hits' triplets are read in rank order until they fill the budget: the same triplets, in the same order,
+    as one read of every hit (a thesis repeated in several messages still shows the one that ranked first), and
+    the later part is read only when it is needed."""
+    g = Graph("alice")
+    rng = np.random.default_rng(5)
+    episodes = [g.episode(f"Mel: message {i}", ["Mel"], float(rng.uniform(0.1, 0.9))) for i in range(30)]
+    for i in range(30):
+        tid = g.thesis(f"Mel fact {i}", ["Mel"], float(rng.uniform(0.1, 0.9)))
+        for source in rng.choice(len(episodes), size=int(rng.integers(1, 4)), replace=False):
+            link = edge_id("alice", "episodic", tid, "episodic", episodes[source])
+            g.edges[link] = Edge(
+                id=link,
+                user_id="alice",
+                kind=EdgeKind.EPISODIC,
+                source=tid,
+                target=episodes[source],
+                relation="episodic",
+            )
+    await g.save(store)
+    reads: list[int] = []
+    neighbors = store.neighbors
+
+    async def counted(*args: Any, **kwargs: Any) -> list[Triplet]:
+        reads.append(1)
+        return await neighbors(*args, **kwargs)
+
+    store.neighbors = counted  # type: ignore[method-assign]
+    read_in_parts = set()
+    for budget in (3, 5, 8, 12):
+        req = request("alice", [], budget=budget, context_kinds=WITH_EPISODES)
+        reads.clear()
+        whole = await get_retriever("flat", store, store, first_read=None).retrieve(req)
+        whole_reads = len(reads)
+        assert len(whole) == budget
+        for first in (1, budget + 2):
+            reads.clear()
+            parts = await get_retriever("flat", store, store, first_read=first).retrieve(req)
+            assert [t.context for t in parts] == [t.context for t in whole]
+            read_in_parts.add(len(reads) > whole_reads)
+    assert read_in_parts == {True, False}  # some budgets were filled by the first part, others needed the rest

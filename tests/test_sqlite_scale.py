@@ -74,6 +74,26 @@ async def test_big_user_search_matches_exact_scan(tmp_path: Path) -> None:
         assert MIN_CANDIDATES > 60 + 20
 
 
+async def test_big_user_ties_are_ordered_by_id_as_in_the_exact_scan(tmp_path: Path) -> None:
+    """The re-ranking reads the ids of its nearest candidates only; candidates tied at the cut are all read, so
+    ties still go by id (texts with one vector: every distance equal)."""
+    path = tmp_path / "m.sqlite3"
+    async with (
+        SqliteMemoryStore(path, DIM, sign_min_items=10) as signs,
+        SqliteMemoryStore(path, DIM, sign_min_items=None) as exact,
+    ):
+        same = vec(3)
+        vertices = [Vertex(id=f"t-{i:02d}", user_id=USER, kind=VertexKind.THESIS, name=f"text {i}") for i in range(40)]
+        # indexed in reverse id order, so the item numbers do not already give the id order
+        items = [VectorItem(id=v.id, kind="thesis", text=v.name, vector=same) for v in reversed(vertices)]
+        change = ChangeSet(id=ids.change_set_id(USER, ["e"]), user_id=USER, event_ids=["e"], vertices=vertices)
+        await signs.apply(change, items)
+        for k in (1, 7, 15):
+            want = await exact.search(USER, ["thesis"], same, None, k=k)
+            got = await signs.search(USER, ["thesis"], same, None, k=k)
+            assert [h.id for h in got] == [h.id for h in want] == [f"t-{i:02d}" for i in range(k)]
+
+
 async def test_sign_index_follows_writes_and_forgets(tmp_path: Path) -> None:
     path = tmp_path / "m.sqlite3"
     async with SqliteMemoryStore(path, DIM, sign_min_items=10) as store:

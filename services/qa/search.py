@@ -29,7 +29,7 @@ from services.qa.tasks import (
     substitute,
 )
 from services.retrieval.base import RetrievalRequest, Retriever
-from services.similarity import cosine
+from services.similarity import best_cosines
 
 log = get_logger(__name__)
 
@@ -253,11 +253,9 @@ class SearchRoom(RunBase):
             return []
         vectors = await self._triplet_vectors(list(kept.values()))
         targets = [v for v in (step_vector, clue_vector) if v is not None]
-        scored = []
-        for t in kept.values():
-            score = max((cosine(target, vectors[t.id]) for target in targets), default=1.0)
-            if score >= self.config.filter_threshold:
-                scored.append((score, t))
+        candidates = list(kept.values())
+        scores = best_cosines([vectors[t.id] for t in candidates], targets)
+        scored = [(s, t) for s, t in zip(scores, candidates, strict=True) if s >= self.config.filter_threshold]
         scored.sort(key=lambda pair: pair[0], reverse=True)
         return [t for _, t in scored[: self.config.filter_top_k]]
 
