@@ -18,7 +18,10 @@ from .terms import TermIndex
 
 RRF_K = 60
 VEC_MAX_K = 4096  # vec0's limit on k
-HYBRID_DEPTH = 3  # each ranking fused in hybrid search is this many times k deep (at least 30)
+# each ranking fused in hybrid search is this many times k deep (at least 30). 2, not 3: as good or better on both
+# real sets (whole-conversation LoCoMo evidence recall@5/@10/@20, 2Wiki chains) and a third less to rank and
+# re-rank for a big user (docs/benchmarks.md, "4 December, night")
+HYBRID_DEPTH = 2
 _IN_LIST = "(SELECT value FROM json_each(?))"
 
 #: (id, score) best first: hits without a model each, for the rankings a hybrid search fuses (a flat retrieval's
