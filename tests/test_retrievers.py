@@ -466,6 +466,45 @@ def test_a_long_message_beside_its_thesis_is_cut_to_its_opening() -> None:
     assert shown.endswith(" …)") and len(shown) < 500
 
 
+def count_reads(store: SqliteMemoryStore) -> list[int]:
+    """Counts the store's ``neighbors`` reads from now on (the list grows by one a read)."""
+    reads: list[int] = []
+    neighbors = store.neighbors
+
+    async def counted(*args: Any, **kwargs: Any) -> list[Triplet]:
+        reads.append(1)
+        return await neighbors(*args, **kwargs)
+
+    store.neighbors = counted  # type: ignore[method-assign]
+    return reads
+
+
+async def test_flat_reads_no_more_for_a_thesis_that_no_longer_holds(store: SqliteMemoryStore) -> None:
+    """An invalidated thesis ranked first is met in the first read; it is shown by nothing, so no later read looks
+    for another way to show it, and the valid thesis with its message is what comes back."""
+    g = Graph("alice")
+    said = g.episode("Alice: I moved to Berlin", ["Alice"], 0.2)
+    old = g.thesis("Alice lives in Paris", ["Alice", "Paris"], 0.9)
+    new = g.thesis("Alice lives in Berlin", ["Alice", "Berlin"], 0.8)
+    for tid in (old, new):
+        link = edge_id("alice", "episodic", tid, "episodic", said)
+        g.edges[link] = Edge(
+            id=link, user_id="alice", kind=EdgeKind.EPISODIC, source=tid, target=said, relation="episodic"
+        )
+    await g.save(store)
+    moved = datetime(2023, 1, 1, tzinfo=UTC)
+    inv = Invalidation(thesis_id=old, invalidated_by=new, t_invalid=moved, t_expired=moved)
+    await store.apply(ChangeSet(id="c_inv", user_id="alice", event_ids=["inv"], invalidations=[inv]), [])
+    reads = count_reads(store)
+
+    got = await get_retriever("flat", store, store).retrieve(
+        request("alice", [], budget=3, context_kinds=WITH_EPISODES)
+    )
+
+    assert [t.context for t in got] == ["Alice lives in Berlin (said: Alice: I moved to Berlin)"]
+    assert len(reads) == 1
+
+
 async def test_flat_reads_its_hits_a_part_at_a_time_with_the_same_result(store: SqliteMemoryStore) -> None:
     """The hits' triplets are read in rank order until they fill the budget: the same triplets, in the same order,
     as one read of every hit (a thesis repeated in several messages still shows the one that ranked first), and
@@ -486,14 +525,7 @@ async def test_flat_reads_its_hits_a_part_at_a_time_with_the_same_result(store: 
                 relation="episodic",
             )
     await g.save(store)
-    reads: list[int] = []
-    neighbors = store.neighbors
-
-    async def counted(*args: Any, **kwargs: Any) -> list[Triplet]:
-        reads.append(1)
-        return await neighbors(*args, **kwargs)
-
-    store.neighbors = counted  # type: ignore[method-assign]
+    reads = count_reads(store)
     read_in_parts = set()
     for budget in (3, 5, 8, 12):
         req = request("alice", [], budget=budget, context_kinds=WITH_EPISODES)

@@ -231,6 +231,8 @@ class Scope:
         self._query: np.ndarray | None = None
         self._vecs: dict[str, np.ndarray] = {}
         self.store_calls = 0
+        # vertices a read met that did not hold at ``as_of``: no triplet shows them, so no later read need look
+        self.unshowable: set[str] = set()
 
     def for_tenant(self, user_id: str) -> Scope:
         """The same request bound to another tenant (PGraphRAG's allowlisted shared corpus), same query vector."""
@@ -288,7 +290,13 @@ class Scope:
             return []
         self.store_calls += 1
         found = await self.graph.neighbors(self.user_id, ids, kinds or self.walk_kinds(), limit, far_kinds)
-        return [t for t in found if self.traversable(t)]
+        kept = []
+        for t in found:
+            if self.traversable(t):
+                kept.append(t)
+            else:
+                self.unshowable.update(v.id for v in (t.start, t.end) if not v.valid_at(self.request.as_of))
+        return kept
 
     async def hop(self, vertices: Sequence[Vertex], params: WalkParams) -> Hops:
         """One hop for a whole frontier: one ``neighbors`` call, plus one for the aliases of its thin objects."""

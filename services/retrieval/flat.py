@@ -56,8 +56,9 @@ async def episode_triplets(
         return {}
     places = rank if rank is not None else {id_: n for n, id_ in enumerate(vertex_ids)}
     out = await _episode_triplets(scope, vertex_ids, [VertexKind.THESIS, VertexKind.EPISODIC], places)
-    # a message that stated no thesis is shown from an object it names
-    return out | await _episode_triplets(scope, [i for i in vertex_ids if i not in out], None, places)
+    # a message that stated no thesis is shown from an object it names (an invalidated thesis is shown by none)
+    rest = [i for i in vertex_ids if i not in out and i not in scope.unshowable]
+    return out | await _episode_triplets(scope, rest, None, places)
 
 
 async def _episode_triplets(
@@ -135,6 +136,6 @@ class Flat(GraphRetriever):
         # a thesis and its message are one item: whichever ranks first shows both (``Triplet.context``)
         shown = await episode_triplets(scope, found, rank) if episodic else {}
         # a thesis with no message (written by hand or from a graph import) is shown from its object
-        shown = await vertex_triplets(scope, [i for i in found if i not in shown]) | shown
+        shown = await vertex_triplets(scope, [i for i in found if i not in shown and i not in scope.unshowable]) | shown
         edges = await scope.graph.get_triplets(scope.user_id, rest) if rest else {}
         return [t for i in ids if (t := shown.get(i) or edges.get(i)) is not None]
