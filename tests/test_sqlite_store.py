@@ -294,10 +294,10 @@ async def test_closed_store_refuses_calls(tmp_path: Path) -> None:
 
 
 def test_graph_reads_look_up_by_index_not_by_walking_the_users_rows(tmp_path: Path) -> None:
-    """The plans of ``neighbors`` and ``find_objects``: a list of ids or names drives index lookups. Without the
-    CROSS JOIN / INDEXED BY the planner read every edge or object of the user (880 ms for 60 ids at 100k
-    triplets, benchmarks/qa_scale.py); the plan says which, whatever the data size."""
-    from services.adapters.sqlite import read
+    """The plans of ``neighbors``, ``find_objects`` and ``get_vectors``: a list of ids or names drives index
+    lookups. Without the CROSS JOIN / INDEXED BY the planner read every edge or object of the user (880 ms for 60
+    ids at 100k triplets, benchmarks/qa_scale.py); the plan says which, whatever the data size."""
+    from services.adapters.sqlite import read, search
 
     async def plans() -> list[str]:
         async with SqliteMemoryStore(tmp_path / "m.sqlite3", dim=4) as store:
@@ -311,13 +311,16 @@ def test_graph_reads_look_up_by_index_not_by_walking_the_users_rows(tmp_path: Pa
             conn.exec_trace = trace
             read.neighbors(conn, "u", ["a", "b"], [EdgeKind.RELATION], 5)
             read.find_objects(conn, "u", ["ana", "ben"])
+            search.get_vectors(conn, "u", ["a", "b"])
             conn.exec_trace = None
             return [
                 " / ".join(str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", bindings))
                 for sql, bindings in seen
             ]
 
-    neighbors_plan, objects_plan = asyncio.run(plans())
+    neighbors_plan, objects_plan, vectors_plan = asyncio.run(plans())
     assert "edges_by_source (user_id=? AND source=?)" in neighbors_plan
     assert "edges_by_target (user_id=? AND target=?)" in neighbors_plan
     assert "vertices_by_name (user_id=? AND kind=? AND norm_name=?)" in objects_plan
+    # each id's vector is a point read in the copy, not a load of its vec0 chunk of 256
+    assert "(user_id=? AND id=?)" in vectors_plan and "SEARCH iv USING INTEGER PRIMARY KEY" in vectors_plan
