@@ -151,9 +151,13 @@ logger.apache.level = WARN
 EOF
     java_opts=(-Xms128m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true
         "-Dlog4j2.configurationFile=$dir/log4j2.properties" -cp "$(cat "$(kafka_dir)/classpath.txt")")
-    # a random cluster id in Kafka's form: 16 bytes, URL-safe base64 without padding
-    cluster_id=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
-    java "${java_opts[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+    # a random cluster id in Kafka's form: 16 bytes, URL-safe base64 without padding; one starting with "-" (1 in
+    # 64) is drawn again, as Kafka's own Uuid.randomUuid does: the tool's argument parser took it for an option and
+    # the stack failed to start (seen in a CI rehearsal)
+    cluster_id=$(python3 -c 'import base64, uuid
+while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"): pass
+print(cid)')
+    java "${java_opts[@]}" kafka.tools.StorageTool format --cluster-id="$cluster_id" -c "$dir/server.properties" \
         "${format_extra[@]}" >>"$dir/log" 2>&1 ||
         { say "kafka storage format failed"; return 1; }
     say "starting Apache Kafka $KAFKA_VERSION on 127.0.0.1:$port ($listener)"

@@ -45,6 +45,13 @@ def find_objects(conn: apsw.Connection, user_id: str, normalized_names: Sequence
     return found
 
 
+# the first ``limit_per_vertex`` edges of each frontier vertex, newest first (without a limit the window, which
+# numbered every row to keep them all, is left out: the same rows in the same order)
+_RANKED = """SELECT * FROM (
+    SELECT *, row_number() OVER (PARTITION BY pos ORDER BY t_valid DESC NULLS LAST, id) AS rn FROM hits
+) WHERE rn <= ?"""
+
+
 def neighbors(
     conn: apsw.Connection,
     user_id: str,
@@ -76,22 +83,18 @@ def neighbors(
             SELECT f.pos, e.* FROM frontier f CROSS JOIN edges e ON e.user_id = ? AND e.target = f.vid
             WHERE e.kind IN {_IN_LIST} AND e.source != e.target{far_in}
         ),
-        ranked AS (
-            SELECT *, row_number() OVER (PARTITION BY pos ORDER BY t_valid DESC NULLS LAST, id) AS rn FROM hits
-        )
+        ranked AS ({_RANKED if limit_per_vertex is not None else "SELECT * FROM hits"})
         SELECT {_prefixed(EDGE_COLUMNS, "r")}, {_prefixed(VERTEX_COLUMNS, "s")}, {_prefixed(VERTEX_COLUMNS, "t")}
         FROM ranked r
         JOIN vertices s ON s.user_id = r.user_id AND s.id = r.source
         JOIN vertices t ON t.user_id = r.user_id AND t.id = r.target
-        WHERE r.rn <= ?
-        ORDER BY r.pos, r.rn
+        ORDER BY r.pos, r.t_valid DESC NULLS LAST, r.id
     """
-    limit = 2**62 if limit_per_vertex is None else limit_per_vertex  # rn <= huge: no limit
     params: tuple[Any, ...] = (
         json_list(frontier),
         *(user_id, json_list(kinds), *far_params),
         *(user_id, json_list(kinds), *far_params),
-        limit,
+        *([] if limit_per_vertex is None else [limit_per_vertex]),
     )
     triplets: dict[str, Triplet] = {}
     # a frontier vertex is an end of each of its rows (an episode of every edge into it): decoded once per call,
