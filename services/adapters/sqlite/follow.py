@@ -9,6 +9,7 @@ read again, so forgetting one user's message costs no other big user a reload.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 import apsw
 
-from .codec import user_key
+from .codec import json_list, user_key
 
 #: below this many indexed texts a user's searches stay in SQLite (they are fast enough there)
 MIN_ITEMS = 20_000
@@ -24,6 +25,23 @@ DELETED_KEY = "items_deleted:"  # + the user's key: a counter per user
 ANY_DELETED_KEY = DELETED_KEY + "any"  # every user's deletions (a user's key is "u" + a digest, never "any")
 
 P = TypeVar("P")
+
+
+def item_ids(
+    conn: apsw.Connection, user_id: str, kinds: Sequence[str], item_nos: Sequence[int], first: int | None = None
+) -> dict[int, str]:
+    """A copy's item numbers read back as ids: those that are this user's texts of these kinds (empty: any kind),
+    checked again in the file; ``first``: only the first so many by id."""
+    where = " AND i.kind IN (SELECT value FROM json_each(?))" if kinds else ""
+    sql = f"""SELECT i.item_no, i.id FROM json_each(?) c CROSS JOIN items i ON i.item_no = c.value
+              WHERE i.user_id = ?{where}"""
+    params: list[Any] = [json.dumps(list(item_nos)), user_id]
+    if kinds:
+        params.append(json_list(kinds))
+    if first is not None:
+        sql += " ORDER BY i.id LIMIT ?"
+        params.append(first)
+    return {int(row[0]): str(row[1]) for row in conn.execute(sql, params)}
 
 
 @dataclass

@@ -13,6 +13,7 @@ import numpy as np
 from services.ports import VectorHit
 
 from .codec import blob_vector, fts_match, json_list, vector_blob
+from .follow import item_ids
 from .signs import SignIndex
 from .terms import TermIndex
 
@@ -108,21 +109,10 @@ def _rerank(
         while end < len(order) and distances[order[end]] == distances[order[end - 1]]:
             end += 1
         part = order[done:end]
-        ids = _item_ids(conn, user_id, kinds, item_nos[part].tolist())
+        ids = item_ids(conn, user_id, kinds, item_nos[part].tolist())
         best += [(float(distances[j]), ids[int(item_nos[j])]) for j in part if int(item_nos[j]) in ids]
         done = end
     return [(id_, 1.0 - distance) for distance, id_ in sorted(best)[:k]]
-
-
-def _item_ids(conn: apsw.Connection, user_id: str, kinds: Sequence[str], item_nos: list[int]) -> dict[int, str]:
-    """The ids of those item numbers that are this user's texts of these kinds."""
-    where = f" AND i.kind IN {_IN_LIST}" if kinds else ""
-    rows = conn.execute(
-        f"""SELECT i.item_no, i.id FROM json_each(?) c CROSS JOIN items i ON i.item_no = c.value
-            WHERE i.user_id = ?{where}""",
-        (json.dumps(item_nos), user_id, *([json_list(kinds)] if kinds else [])),
-    )
-    return {int(row[0]): str(row[1]) for row in rows}
 
 
 def dense_many(

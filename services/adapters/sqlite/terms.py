@@ -16,7 +16,6 @@ user in the file the rankings agree (``tests/test_sqlite_scale.py``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ import apsw
 import numpy as np
 
 from .codec import FTS_TOKENIZER, query_words
-from .follow import MIN_ITEMS, ItemFollower
+from .follow import MIN_ITEMS, ItemFollower, item_ids
 
 K1 = 1.2  # FTS5's bm25() constants
 B = 0.75
@@ -169,14 +168,8 @@ def _ranked(
     """The ids of the rows ``above`` the cut (item number -> score) and of the first by id of the rows ``tied`` at
     it with score ``kth`` (SQLite sorts those: at 1M texts a common word ties thousands), read again with the
     user's and kinds' filters; best first, then by id."""
-    where = " AND i.kind IN (SELECT value FROM json_each(?))" if kinds else ""
-    kind_list = [json.dumps(list(kinds))] if kinds else []
-    sql = f"""SELECT i.item_no, i.id FROM json_each(?) c CROSS JOIN items i ON i.item_no = c.value
-              WHERE i.user_id = ?{where}"""
-    rows: list[Any] = conn.execute(sql, (json.dumps(list(above)), user_id, *kind_list)).fetchall() if above else []
-    if tied and len(rows) < k:
-        rows += conn.execute(
-            f"{sql} ORDER BY i.id LIMIT ?", (json.dumps(tied), user_id, *kind_list, k - len(rows))
-        ).fetchall()
-    best = sorted((-above.get(int(item_no), kth), str(id_)) for item_no, id_ in rows)[:k]
+    ids = item_ids(conn, user_id, kinds, list(above)) if above else {}
+    if tied and len(ids) < k:
+        ids |= item_ids(conn, user_id, kinds, tied, first=k - len(ids))
+    best = sorted((-above.get(item_no, kth), id_) for item_no, id_ in ids.items())[:k]
     return [(id_, -negated) for negated, id_ in best]
