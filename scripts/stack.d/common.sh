@@ -9,7 +9,10 @@ OLLAMA_VERSION=v0.17.4         # github.com/ollama/ollama (CPU build through cgo
 # they fall back to scalar code (no AVX; 0.45 tokens/s). -march=native: the binary runs only on CPUs with this
 # machine's instruction set. Fine here: CI runs on the same kind of machine, and the build is keyed by what
 # -march=native enables (build.sh: simd_tag), so a cache moved to another kind of CPU builds anew, not SIGILL.
-OLLAMA_SIMD_FLAGS="-O3 -march=native"
+# AMX off: on a CPU that has it (Sapphire Rapids) -march=native makes ggml-cpu.cpp call ggml's AMX buffer type,
+# whose sources (ggml-cpu/amx/) no cgo package of Ollama compiles, and the link fails; AMX serves only some
+# quantisations through that buffer type, so nothing is lost. Harmless on a CPU without it.
+OLLAMA_SIMD_FLAGS="-O3 -march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 OLLAMA_DEBS=(nlohmann-json3-dev=3.11.2-2 libstb-dev=0.0~git20220908.8b5f1f3+ds-1)  # headers its module zip lacks
 MINIAUDIO_VERSION=1.61         # PyPI miniaudio: its sdist carries miniaudio.h 0.11.16
 MINIAUDIO_SHA256=e88e97837d031f0fb6982394218b6487de02eaa382ad273b8fca37791a2b4b15
