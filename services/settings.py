@@ -94,6 +94,15 @@ class Settings(BaseSettings):
         description="act on a verdict that ends or refutes a known thesis only when a second question (could one "
         "person say both?) agrees",
     )
+    resolve_untrusted_after: int = Field(
+        default=3,
+        ge=0,
+        description="after this many resolve_check calls in a row whose control pairs the model answered wrong, "
+        "its contradiction verdicts act on nothing: stop asking for them (0: always ask)",
+    )
+    resolve_untrusted_skip: int = Field(
+        default=20, ge=1, description="batches with candidate pairs not sent to the model before it is asked again"
+    )
     resolve_by_meaning: bool = Field(
         default=True,
         description="judge pairs found only by meaning (no shared relation) with the model; off, only those whose "

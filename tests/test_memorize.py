@@ -309,6 +309,48 @@ async def test_the_check_can_be_turned_off(store, embedder) -> None:
     assert llm.calls_for("resolve_check") == [] and outcome.updates[0].theses_invalidated == 1
 
 
+async def test_a_model_that_keeps_failing_the_controls_is_asked_again_only_later(store, embedder) -> None:
+    """After ``resolve_untrusted_after`` checks in a row whose controls came back wrong, the next
+    ``resolve_untrusted_skip`` batches with pairs keep both statements without a call (counted); then the model is
+    asked again, and a check with its controls right lets its verdicts act again."""
+    right = {"controls": False}
+
+    def resolve(request: Any) -> dict:
+        return verdicts(*["updates"] * request.messages[-1].content.count(" NEW ("))
+
+    def check(request: Any) -> dict:
+        if right["controls"]:
+            return rule_resolve_check(request)
+        return check_replies(*["not_both"] * request.messages[-1].content.count(" NEW ("))
+
+    llm = ScriptedLLM({"resolve": resolve, "resolve_check": check})
+    svc = service(store, llm, embedder, resolve_untrusted_after=2, resolve_untrusted_skip=2)
+
+    async def moved(n: int) -> Any:
+        city = ["Paris", "Berlin", "Rome", "Oslo", "Porto", "Vienna", "Prague"][n]
+        llm.queue("extract", reply(fact(f"Anna lives in {city}.", relation="lives in", obj=city)))
+        return await svc.memorize([msg(n, f"I live in {city} now.", at=T0 + timedelta(days=30 * n))])
+
+    def asked() -> tuple[int, int]:
+        return len(llm.calls_for("resolve")), len(llm.calls_for("resolve_check"))
+
+    await moved(0)  # nothing known yet: no pair
+    await moved(1)
+    await moved(2)
+    assert asked() == (2, 2)  # two checks whose controls failed: the verdicts acted on nothing
+    skipped = resolve_check_count("skipped_untrusted")
+    outcomes = [await moved(3), await moved(4)]
+    assert asked() == (2, 2)  # not asked: both statements of every pair kept, as the failed controls did
+    assert [o.updates[0].llm_calls for o in outcomes] == [1, 1]  # the extraction alone
+    assert resolve_check_count("skipped_untrusted") > skipped
+    assert (await store.stats("u1")).theses_valid == 5
+    right["controls"] = True
+    outcome = await moved(5)  # asked again; its controls right: the update acts
+    assert asked() == (3, 3) and outcome.updates[0].theses_invalidated >= 1
+    await moved(6)
+    assert asked() == (4, 4)  # trusted again: asked as before
+
+
 async def test_a_repeated_fact_adds_a_source_not_a_copy(store, embedder) -> None:
     llm = ScriptedLLM()
     llm.queue("extract", reply(fact("Anna enjoys hiking in the mountains.", obj="mountains")))

@@ -48,6 +48,7 @@ from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Ite
 from services.memorize.labels import keeps
 from services.memorize.resolve import Pair, ResolveTask
 from services.memorize.resolve_check import CheckTask
+from services.memorize.trust import VerdictTrust
 from services.ports import LLM, Embedder, Stores, VectorItem
 from services.settings import Settings
 from services.similarity import cosine
@@ -211,6 +212,8 @@ class MemorizeService:
         self.embedder = CachedEmbedder(embedder)
         self.settings = settings
         self.entities = EntityResolver(stores.graph, stores.vectors, llm, self.embedder, settings)
+        # the model's contradiction verdicts, asked for only while it answers its control pairs right
+        self.trust = VerdictTrust(settings.resolve_untrusted_after, settings.resolve_untrusted_skip)
         self._users_at_once = asyncio.Semaphore(_USERS_AT_ONCE)
 
     async def memorize(self, events: Sequence[MemoryEvent], source_topic: str = "memorize") -> MemorizeOutcome:
@@ -440,7 +443,7 @@ class MemorizeService:
             candidates = list({v.id: v for v in [*rivals, *nearest]}.values())
             pairs.extend((unit_n, fact_n, old) for old in candidates[: self.settings.invalidation_candidates])
             by_meaning.update((unit_n, fact_n, v.id) for v in nearest if v not in rivals)
-        if not pairs:
+        if not pairs or not self.trust.ask(len(pairs)):
             return same_as, {}, 0
         task_input = [
             Pair(
@@ -510,6 +513,7 @@ class MemorizeService:
             stands, calls = [False] * len(acting), getattr(exc, "attempts", 1)
         else:
             checked_out, calls = result.value, result.calls
+            self.trust.controls(checked_out.trusted)
             if checked_out.trusted:
                 stands = checked_out.not_both
                 for n, confirmed in zip(acting, stands, strict=True):
