@@ -185,6 +185,27 @@ def test_compact_subject_and_relation(sentence: str, obj: str, subject: str, rel
     assert (found, relation_of(sentence, found, obj)) == (subject, relation)
 
 
+def test_compact_subject_longer_than_a_subject_may_be_is_cut_at_a_word_not_rejected() -> None:
+    """A derived field the model does not write must fit the schema: a retry could not mend it."""
+    from services.memorize.attribution import Speakers
+    from services.memorize.compact import MAX_SUBJECT, subject_of
+    from services.memorize.extraction import _labels
+
+    royal = "Infante Antonio Pascual Francisco Javier Juan Nepomuceno Aniello Raimundo Silvestre"
+    sentence = f"{royal} of Spain was a Spanish infante."
+    assert subject_of(sentence, Speakers(())) == "Infante Antonio Pascual Francisco Javier Juan Nepomuceno"
+    assert len(subject_of("X" * 90 + " is a word.", Speakers(()))) == MAX_SUBJECT
+    long_name = "Anna " + "B" * 70
+    assert subject_of(f"{long_name} moved.", Speakers((long_name,))) == "Anna"  # a speaker's long name, cut too
+    # through the whole parse, as memorize runs it on a passage: kept, not rejected
+    passage = ExtractionInput(items=[Item("Infante Antonio", sentence, T, document=True)])
+    task = ExtractTask()
+    (label,) = _labels(passage)
+    fact = {"fact": sentence, "object": "Spain", "when": "", "kind": "FACT", "temporal": "STATIC"}
+    (found,) = task.parse(json.dumps({"messages": [{"m": label, "facts": [fact]}]}), passage)[0].facts
+    assert found.subject == "Infante Antonio Pascual Francisco Javier Juan Nepomuceno"
+
+
 @pytest.mark.parametrize("sentence", ["The class starts in June.", "She quit her job.", "It was fun."])
 def test_compact_sentence_that_names_nobody_has_a_pronoun_subject(sentence: str) -> None:
     from services.memorize.attribution import Speakers

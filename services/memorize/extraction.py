@@ -49,7 +49,7 @@ def _text(max_length: int, min_length: int = 0) -> Any:
 class FactOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    subject: _text(60, 1)  # type: ignore[valid-type]
+    subject: _text(compact.MAX_SUBJECT, 1)  # type: ignore[valid-type]
     fact: _text(200, 8)  # type: ignore[valid-type]
     relation: _text(40)  # type: ignore[valid-type]
     object: _text(60)  # type: ignore[valid-type]
