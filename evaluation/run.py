@@ -39,7 +39,7 @@ from services.llm.layers import MeteredLLM, Usage
 from services.llm.scope import llm_scope
 from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
-from services.memorize.service import MemorizeService
+from services.memorize.service import TAKE_BATCHES, MemorizeService
 from services.ports import Embedder
 from services.qa.matching import EntityMatcher
 from services.qa.service import QAEngine, QAService
@@ -255,7 +255,7 @@ class Harness:
         return self.ingests[""]
 
     async def _memorize(self, memory: Memory, extra: dict[str, Any]) -> dict[str, Any]:
-        """``memory.batch`` events at a time per user, into ``memory``; its build cost over all runs."""
+        """Each user's events in ``memory.batch`` groups, into ``memory``; its build cost over all runs."""
         service = MemorizeService(memory.store.stores(), self.llm, self.embedder, memory.settings)
         before, started = _snapshot(self.llm), time.perf_counter()
         tasks_before = {task: replace(u) for task, u in self.llm.by_task.items()}
@@ -270,8 +270,10 @@ class Harness:
 
         async def one_user(user_events: list[datasets.MemoryEvent]) -> None:
             nonlocal memorized, skipped
-            for start in range(0, len(user_events), memory.batch):
-                chunk = user_events[start : start + memory.batch]
+            # as much of a backlog a call as a worker's step takes from the topic
+            step = memory.batch * TAKE_BATCHES
+            for start in range(0, len(user_events), step):
+                chunk = user_events[start : start + step]
                 outcome = await service.memorize(chunk)
                 skipped += len(outcome.skipped)
                 memorized += len(chunk) - len(outcome.skipped)

@@ -152,7 +152,9 @@ class Settings(BaseSettings):
     llm_timeout_s: float | None = Field(
         default=None, gt=0, description="cap on a whole call (unset: none; slow machines make calls slow)"
     )
-    llm_max_concurrency: int = Field(default=2, ge=1)
+    llm_max_concurrency: int = Field(
+        default=4, ge=1, description="model calls in flight per process (local: slots decoded together)"
+    )
     backend_outage_s: float = Field(
         default=600.0,
         ge=0,

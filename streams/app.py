@@ -19,15 +19,13 @@ from typing import Any, cast
 import faust
 
 from services.container import Services
+from services.memorize.service import TAKE_BATCHES
 from services.settings import Settings
 from streams.cancels import Cancellations
 from streams.handlers import MemorizeHandler, QAHandler, Record
 from streams.holdback import Holdback
 from streams.kafka_security import kafka_ssl_context, sasl_credentials
 from streams.topics import TopicNames
-
-#: How many users' full extraction batches one agent step takes from the stream.
-TAKE_USERS = 8
 
 
 class FaustPublisher:
@@ -104,7 +102,7 @@ def create_app(
     batch_wait = max(settings.batch_wait_s, 0.01)  # take() with no timeout could hold a partial batch forever
     # The memorize service packs each user's events into extraction calls of batch_max_messages; the agent takes
     # several users' worth at once, or interleaved users would leave one message per call.
-    take_max = settings.batch_max_messages * TAKE_USERS
+    take_max = settings.batch_max_messages * TAKE_BATCHES
 
     @app.agent(memory_events, name="memorize")
     async def memorize(stream: faust.StreamT[Any]) -> None:

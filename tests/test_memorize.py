@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -438,6 +439,31 @@ async def test_micro_batching_cuts_llm_calls_per_message(store, embedder) -> Non
     events2 = [msg(100 + i, f"Message number {i} about Rome.", user="u2") for i in range(1, 17)]
     await service(store, single, embedder, batch_max_messages=1).memorize(events2)
     assert len(single.calls_for("extract")) == 16
+
+
+async def test_a_users_groups_are_extracted_together_and_written_in_order(store, embedder) -> None:
+    class AllAtOnce(ScriptedLLM):
+        """Holds each extraction call until three are in flight: one call at a time times out instead."""
+
+        def __init__(self) -> None:
+            super().__init__(dict(MEMORIZE_RULES))
+            self.arrived = 0
+            self.all_in = asyncio.Event()
+
+        async def complete(self, request):
+            if request.task == "extract":
+                self.arrived += 1
+                if self.arrived == 3:
+                    self.all_in.set()
+                await asyncio.wait_for(self.all_in.wait(), timeout=10)
+            return await super().complete(request)
+
+    llm = AllAtOnce()
+    events = [msg(i, f"Message number {i} about Rome.") for i in range(1, 25)]
+    outcome = await service(store, llm, embedder, batch_max_messages=8, llm_retries=0).memorize(events)
+    assert outcome.dead_letters == []
+    assert [u.source_event_ids for u in outcome.updates] == [[f"m{i}" for i in range(s, s + 8)] for s in (1, 9, 17)]
+    assert await store.seen_events("u1", [e.event_id for e in events]) == {e.event_id for e in events}
 
 
 async def test_token_budget_bounds_a_batch(store, embedder) -> None:

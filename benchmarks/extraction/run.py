@@ -5,10 +5,12 @@
   python -m benchmarks.extraction.run --llm ollama --model qwen2.5:7b-instruct
   python -m benchmarks.extraction.run --cache C --cache-only   # re-score what C holds: code checks changed, no model
 
-Each conversation is memorized as its own user, its turns handed to memorize ``--batch`` at a time (as a worker
-takes them). Prints per-variant scores (see ``score.py``) and cost per message; ``--out`` writes the JSON with
-every miss, unmatched thesis, junk entity and judge verdict. No LLM cache unless ``--cache`` is given: costs are
-of real calls.
+Each conversation is memorized as its own user, all at once, its turns handed to memorize as a worker takes a
+backlog (up to ``TAKE_BATCHES`` batches of ``--batch`` a call: their extraction calls decoded together, up to the
+engine's slots, ``+llm_max_concurrency=N`` on a variant). ``seconds_per_message`` is the wall time; the model seconds
+sum calls that overlap (and their waits for a slot). Prints per-variant scores (see ``score.py``) and cost per
+message; ``--out`` writes the JSON with every miss, unmatched thesis, junk entity and judge verdict. No LLM cache
+unless ``--cache`` is given: costs are of real calls.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ApplyResult, ChangeSet
 from services.llm.factory import build_embedder, build_llm
 from services.memorize.extraction import ExtractTask
-from services.memorize.service import MemorizeService
+from services.memorize.service import TAKE_BATCHES, MemorizeService
 from services.ports import LLM, LLMRequest, LLMResponse, VectorItem
 from services.settings import Settings
 
@@ -119,15 +121,21 @@ async def run(args: argparse.Namespace, output: str, extras: dict[str, str] | No
         by_sample: dict[str, list[Turn]] = {}
         for turn in turns:
             by_sample.setdefault(turn.sample_id, []).append(turn)
-        for sample, sample_turns in by_sample.items():
-            user = f"{args.tag}-{sample}"
-            for start in range(0, len(sample_turns), args.batch):
-                chunk = sample_turns[start : start + args.batch]
+
+        async def one_sample(sample: str, sample_turns: list[Turn]) -> None:
+            # as a worker would with a backlog: each conversation its own user, all at once, and up to
+            # TAKE_BATCHES batches of one a call (extracted side by side, written in order)
+            nonlocal dead
+            user, step = f"{args.tag}-{sample}", args.batch * TAKE_BATCHES
+            for start in range(0, len(sample_turns), step):
+                chunk = sample_turns[start : start + step]
                 outcome = await service.memorize([t.message(user, ingest) for t in chunk])
                 dead += len(outcome.dead_letters)
                 failed.update(i for letter in outcome.dead_letters for i in letter.failed_event_ids)
                 if args.verbose:
                     print(f"{sample} {start + len(chunk)}/{len(sample_turns)} dead={dead}", flush=True)
+
+        await asyncio.gather(*(one_sample(sample, sample_turns) for sample, sample_turns in by_sample.items()))
         seconds = time.perf_counter() - started
         usage = {task: vars(u) for task, u in llm.by_task.items()}
         judge = llm
