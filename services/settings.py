@@ -153,7 +153,9 @@ class Settings(BaseSettings):
         default=None, gt=0, description="cap on a whole call (unset: none; slow machines make calls slow)"
     )
     llm_max_concurrency: int = Field(
-        default=4, ge=1, description="model calls in flight per process (local: slots decoded together)"
+        default=5,
+        ge=1,
+        description="model calls in flight per process (local: slots decoded together); memorize holds all but one",
     )
     backend_outage_s: float = Field(
         default=600.0,

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from services.backends import BackendUnavailable
 from services.llm.factory import build_adapter, build_embedder, build_llm
 from services.llm.layers import CachedLLM, LimitedLLM, MeteredLLM, RetryingLLM, attempts_made, cache_key
+from services.llm.scope import background_calls
 from services.llm.scripted import ScriptedLLM
 from services.llm.task import LLMTask, TaskFailed, run_task
 from services.ports import LLM, CacheScope, KeyValueCache, LLMMessage, LLMRequest, LLMResponse
@@ -228,6 +229,45 @@ async def test_concurrency_bound_is_respected() -> None:
     assert len(results) == 8
     assert scripted.max_in_flight == 2
     assert llm.max_in_flight == 2 and llm.in_flight == 0
+
+
+async def test_background_calls_leave_a_slot_for_a_question() -> None:
+    class Held(ScriptedLLM):
+        """Every call waits until released, so what reached the model, in which order, is exact."""
+
+        def __init__(self) -> None:
+            super().__init__({"t": lambda r: "ok"})
+            self.release = asyncio.Event()
+            self.arrived: list[str] = []
+            self.changed = asyncio.Condition()
+
+        async def complete(self, request):
+            async with self.changed:
+                self.arrived.append(request.messages[-1].content)
+                self.changed.notify_all()
+            await self.release.wait()
+            return await super().complete(request)
+
+        async def wait_arrived(self, n: int) -> None:
+            async with self.changed:
+                await asyncio.wait_for(self.changed.wait_for(lambda: len(self.arrived) >= n), timeout=5)
+
+    held = Held()
+    llm = LimitedLLM(held, max_concurrency=3)
+
+    async def memorize_backlog() -> list[LLMResponse]:
+        with background_calls():
+            return await asyncio.gather(*(llm.complete(ask(f"b{i}")) for i in range(6)))
+
+    backlog = asyncio.create_task(memorize_backlog())
+    await held.wait_arrived(2)
+    question = asyncio.create_task(llm.complete(ask("q")))
+    await held.wait_arrived(3)
+    # the third slot went to the question, asked after six background calls were waiting
+    assert held.arrived == ["b0", "b1", "q"] and llm.in_flight == 3
+    held.release.set()
+    assert len(await backlog) == 6 and (await question).text == "ok"
+    assert llm.max_in_flight == 3
 
 
 async def test_metrics_and_running_counters() -> None:

@@ -17,7 +17,7 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 
 from services.backends import RetryPolicy, refused, timed_out
-from services.llm.scope import current_scope
+from services.llm.scope import current_scope, is_background
 from services.logging import get_logger
 from services.metrics import LLM_CACHE, LLM_CALLS, LLM_IN_FLIGHT, LLM_LATENCY, LLM_TOKENS
 from services.ports import LLM, CacheScope, KeyValueCache, LLMRequest, LLMResponse
@@ -156,16 +156,25 @@ class RetryingLLM(LLMLayer):
 
 
 class LimitedLLM(LLMLayer):
-    """At most ``max_concurrency`` calls in flight; the others wait their turn."""
+    """At most ``max_concurrency`` calls in flight; the others wait their turn. Background calls (memorize, see
+    ``background_calls``) hold at most all slots but one: a memorize backlog fills the engine's slots with
+    extraction calls of a minute or more each on a small CPU, and a question must not wait behind them."""
 
     def __init__(self, inner: LLM, max_concurrency: int) -> None:
         super().__init__(inner)
         self.max_concurrency = max(1, max_concurrency)
         self._slots = asyncio.Semaphore(self.max_concurrency)
+        self._background = asyncio.Semaphore(max(1, self.max_concurrency - 1))
         self.in_flight = 0
         self.max_in_flight = 0
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
+        if not is_background():
+            return await self._run(request)
+        async with self._background:
+            return await self._run(request)
+
+    async def _run(self, request: LLMRequest) -> LLMResponse:
         async with self._slots:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)

@@ -29,3 +29,21 @@ def llm_scope(user_id: str, event_ids: Iterable[str] = ()) -> Iterator[CacheScop
 
 def current_scope() -> CacheScope | None:
     return _SCOPE.get()
+
+
+_BACKGROUND: ContextVar[bool] = ContextVar("memstream_llm_background", default=False)
+
+
+@contextmanager
+def background_calls() -> Iterator[None]:
+    """Calls made inside are background work (memorize): they never take the model's last free slot, which is kept
+    for someone waiting on an answer (``LimitedLLM``)."""
+    token = _BACKGROUND.set(True)
+    try:
+        yield
+    finally:
+        _BACKGROUND.reset(token)
+
+
+def is_background() -> bool:
+    return _BACKGROUND.get()

@@ -30,7 +30,7 @@ from services.domain import (
 )
 from services.embeddings import CachedEmbedder, embedding_user
 from services.llm.layers import TRANSIENT_ERRORS, attempts_made
-from services.llm.scope import llm_scope
+from services.llm.scope import background_calls, llm_scope
 from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
 from services.memorize.builder import (
@@ -225,10 +225,11 @@ class MemorizeService:
         by_user: OrderedDict[str, dict[str, MemoryEvent]] = OrderedDict()
         for event in events:
             by_user.setdefault(event.user_id, {}).setdefault(event.event_id, event)
-        tasks = [
-            asyncio.create_task(self._memorize_user(user_id, list(user_events.values()), source_topic))
-            for user_id, user_events in by_user.items()
-        ]
+        with background_calls():  # the tasks inherit it: a question never waits behind this backlog's calls
+            tasks = [
+                asyncio.create_task(self._memorize_user(user_id, list(user_events.values()), source_topic))
+                for user_id, user_events in by_user.items()
+            ]
         try:
             parts = await asyncio.gather(*tasks)
         except BaseException:  # the first failure is raised as it is; the other users' work stops with it
