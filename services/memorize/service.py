@@ -261,10 +261,11 @@ class MemorizeService:
                 # Extraction reads a group's own messages, never memory: every group's call is sent at once and
                 # the engine decodes them together (its slots: about twice the tokens a second of one call on
                 # 2 cores, docs/benchmarks.md), while each group's checks and write still follow the one before.
-                extractions = [asyncio.ensure_future(self._extract(self._group_units(group))) for group in groups]
+                units = [self._group_units(group) for group in groups]
+                extractions = [asyncio.ensure_future(self._extract(u)) for u in units]
                 try:
-                    for group, extraction in zip(groups, extractions, strict=True):
-                        await self._memorize_group(user_id, group, outcome, source_topic, extraction)
+                    for group, group_units, extraction in zip(groups, units, extractions, strict=True):
+                        await self._memorize_group(user_id, group, outcome, source_topic, (group_units, extraction))
                 finally:  # a failure stops the rest; their calls still queued are not left running
                     for extraction in extractions:
                         extraction.cancel()
@@ -302,10 +303,10 @@ class MemorizeService:
         events: list[MemoryEvent],
         outcome: MemorizeOutcome,
         source_topic: str,
-        extraction: Awaitable[tuple[list[ItemFacts], int]] | None = None,
+        started: tuple[list[_Unit], Awaitable[tuple[list[ItemFacts], int]]] | None = None,
     ) -> None:
-        """One change set from ``events``; ``extraction``, when given, is their extraction already under way."""
-        units = self._group_units(events)
+        """One change set from ``events``; ``started``, when given, is their units and its extraction under way."""
+        units, extraction = started if started is not None else (self._group_units(events), None)
         try:
             found, calls = await (extraction if extraction is not None else self._extract(units))
         except TaskFailed as exc:
