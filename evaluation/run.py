@@ -10,7 +10,6 @@ has its own memory beside it (``memory-batch1.sqlite3``, with ``ingest-batch1.js
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import platform
@@ -39,7 +38,7 @@ from services.llm.layers import MeteredLLM, Usage
 from services.llm.scope import llm_scope
 from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
-from services.memorize.service import TAKE_BATCHES, MemorizeService
+from services.memorize.service import MemorizeOutcome, MemorizeService
 from services.ports import Embedder
 from services.qa.matching import EntityMatcher
 from services.qa.service import QAEngine, QAService
@@ -264,26 +263,18 @@ class Harness:
         bar = tqdm(total=len(events), desc=what, unit="event", disable=not self.config.progress)
         memorized = skipped = 0
         dead: list[dict[str, str]] = []
-        by_user: dict[str, list[datasets.MemoryEvent]] = {}
-        for event in events:
-            by_user.setdefault(event.user_id, []).append(event)
 
-        async def one_user(user_events: list[datasets.MemoryEvent]) -> None:
+        def on_step(chunk: list[datasets.MemoryEvent], outcome: MemorizeOutcome) -> None:
             nonlocal memorized, skipped
-            # as much of a backlog a call as a worker's step takes from the topic
-            step = memory.batch * TAKE_BATCHES
-            for start in range(0, len(user_events), step):
-                chunk = user_events[start : start + step]
-                outcome = await service.memorize(chunk)
-                skipped += len(outcome.skipped)
-                memorized += len(chunk) - len(outcome.skipped)
-                dead.extend(
-                    {"event_id": d.event_id, "reason": d.reason, "error": d.error[:300]} for d in outcome.dead_letters
-                )
-                bar.update(len(chunk))
+            skipped += len(outcome.skipped)
+            memorized += len(chunk) - len(outcome.skipped)
+            dead.extend(
+                {"event_id": d.event_id, "reason": d.reason, "error": d.error[:300]} for d in outcome.dead_letters
+            )
+            bar.update(len(chunk))
 
         # users are independent (as partitions are in the worker): their batches share the model's decoding slots
-        await asyncio.gather(*(one_user(user_events) for user_events in by_user.values()))
+        await service.memorize_backlog(events, on_step)
         bar.close()
         usage = _fresh(before, _snapshot(self.llm))
         # extraction apart from the checks after it (resolve, its check, entity confirmation): what a message costs

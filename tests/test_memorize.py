@@ -18,7 +18,7 @@ from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, EdgeKind, Vertex, VertexKind
 from services.llm.layers import RetryingLLM
 from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM, rule_extract, rule_resolve_check
-from services.memorize.service import MemorizeService
+from services.memorize.service import TAKE_BATCHES, MemorizeService
 from services.settings import Settings
 
 T0 = datetime(2023, 5, 1, 9, 0, tzinfo=UTC)
@@ -464,6 +464,27 @@ async def test_a_users_groups_are_extracted_together_and_written_in_order(store,
     assert outcome.dead_letters == []
     assert [u.source_event_ids for u in outcome.updates] == [[f"m{i}" for i in range(s, s + 8)] for s in (1, 9, 17)]
     assert await store.seen_events("u1", [e.event_id for e in events]) == {e.event_id for e in events}
+
+
+async def test_a_backlog_is_memorized_in_worker_steps_each_user_in_order(store, embedder) -> None:
+    llm = ScriptedLLM(dict(MEMORIZE_RULES))
+    memorize = service(store, llm, embedder, batch_max_messages=2)
+    step = 2 * TAKE_BATCHES
+    u1 = [msg(i, f"Message number {i} about Rome.") for i in range(1, step + 4)]
+    u2 = [msg(100 + i, f"Message number {i} about Oslo.", user="u2") for i in range(1, 4)]
+    backlog = [e for pair in zip(u1, u2 + [None] * len(u1), strict=False) for e in pair if e is not None]
+    steps: list[tuple[str, list[str], list[str]]] = []
+    await memorize.memorize_backlog(
+        backlog,
+        lambda chunk, outcome: steps.append(
+            (chunk[0].user_id, [e.event_id for e in chunk], [i for u in outcome.updates for i in u.source_event_ids])
+        ),
+    )
+    assert [s for s in steps if s[0] == "u1"] == [
+        ("u1", [e.event_id for e in u1[:step]], [e.event_id for e in u1[:step]]),
+        ("u1", [e.event_id for e in u1[step:]], [e.event_id for e in u1[step:]]),
+    ]
+    assert [s for s in steps if s[0] == "u2"] == [("u2", [e.event_id for e in u2], [e.event_id for e in u2])]
 
 
 async def test_token_budget_bounds_a_batch(store, embedder) -> None:

@@ -27,14 +27,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.extraction.gold import LOCOMO, Turn, load, subset
+from benchmarks.extraction.gold import LOCOMO, load, subset
 from benchmarks.extraction.score import score
 from services.adapters.llamacpp.llm import unload_all
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ApplyResult, ChangeSet
 from services.llm.factory import build_embedder, build_llm
 from services.memorize.extraction import ExtractTask
-from services.memorize.service import TAKE_BATCHES, MemorizeService
+from services.memorize.service import MemorizeOutcome, MemorizeService, MemoryEvent
 from services.ports import LLM, LLMRequest, LLMResponse, VectorItem
 from services.settings import Settings
 
@@ -118,24 +118,18 @@ async def run(args: argparse.Namespace, output: str, extras: dict[str, str] | No
         started = time.perf_counter()
         dead = 0
         failed: set[str] = set()
-        by_sample: dict[str, list[Turn]] = {}
-        for turn in turns:
-            by_sample.setdefault(turn.sample_id, []).append(turn)
 
-        async def one_sample(sample: str, sample_turns: list[Turn]) -> None:
-            # as a worker would with a backlog: each conversation its own user, all at once, and up to
-            # TAKE_BATCHES batches of one a call (extracted side by side, written in order)
+        def on_step(chunk: list[MemoryEvent], outcome: MemorizeOutcome) -> None:
             nonlocal dead
-            user, step = f"{args.tag}-{sample}", args.batch * TAKE_BATCHES
-            for start in range(0, len(sample_turns), step):
-                chunk = sample_turns[start : start + step]
-                outcome = await service.memorize([t.message(user, ingest) for t in chunk])
-                dead += len(outcome.dead_letters)
-                failed.update(i for letter in outcome.dead_letters for i in letter.failed_event_ids)
-                if args.verbose:
-                    print(f"{sample} {start + len(chunk)}/{len(sample_turns)} dead={dead}", flush=True)
+            dead += len(outcome.dead_letters)
+            failed.update(i for letter in outcome.dead_letters for i in letter.failed_event_ids)
+            if args.verbose:
+                print(f"{chunk[-1].user_id} +{len(chunk)} dead={dead}", flush=True)
 
-        await asyncio.gather(*(one_sample(sample, sample_turns) for sample, sample_turns in by_sample.items()))
+        # as a worker would with a backlog: each conversation its own user, all at once, and up to TAKE_BATCHES
+        # batches of one a call (extracted side by side, written in order)
+        messages = [t.message(f"{args.tag}-{t.sample_id}", ingest) for t in turns]
+        await service.memorize_backlog(messages, on_step)
         seconds = time.perf_counter() - started
         usage = {task: vars(u) for task, u in llm.by_task.items()}
         judge = llm

@@ -245,6 +245,26 @@ class MemorizeService:
             outcome.llm_calls += part.llm_calls
         return outcome
 
+    async def memorize_backlog(
+        self,
+        events: Sequence[MemoryEvent],
+        on_step: Callable[[list[MemoryEvent], MemorizeOutcome], None] = lambda _events, _outcome: None,
+    ) -> None:
+        """A backlog memorized as workers would take it from the topic: each user's events in order, in steps of up
+        to ``TAKE_BATCHES`` batches a memorize call, users at once (as partitions are); ``on_step`` sees each step's
+        events and outcome. For the evaluation and the benchmarks, which replay a whole dataset."""
+        step = self.settings.batch_max_messages * TAKE_BATCHES
+        by_user: dict[str, list[MemoryEvent]] = {}
+        for event in events:
+            by_user.setdefault(event.user_id, []).append(event)
+
+        async def one_user(user_events: list[MemoryEvent]) -> None:
+            for start in range(0, len(user_events), step):
+                chunk = user_events[start : start + step]
+                on_step(chunk, await self.memorize(chunk))
+
+        await asyncio.gather(*(one_user(user_events) for user_events in by_user.values()))
+
     async def _memorize_user(self, user_id: str, events: list[MemoryEvent], source_topic: str) -> MemorizeOutcome:
         outcome = MemorizeOutcome()
         async with self._users_at_once:
