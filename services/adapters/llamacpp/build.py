@@ -1,8 +1,9 @@
 """Whether the installed llama.cpp build uses this CPU's vector units.
 
 The PyPI wheel of xllamacpp is built for AVX2 so it runs anywhere. On a CPU with AVX-512 VNNI the same model read
-prompts 1.5x faster and decoded four requests together 1.4x faster when built for it (docs/benchmarks.md, "The
-engine built for the CPU"), so a user on such a CPU is told once, at load, how to get it: ``scripts/native-engine``.
+prompts 1.5x faster and decoded four requests together 1.4x faster when built for it, though two whole LoCoMo
+conversations memorized no faster (docs/benchmarks.md, "The engine built for the CPU"); the log says once, at load,
+which units go unused and how to build for them: ``scripts/native-engine``.
 """
 
 from __future__ import annotations
