@@ -8,6 +8,7 @@ caller, e.g. a timeout, stops the generation at the next token instead of leavin
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import threading
@@ -195,14 +196,9 @@ class Engine:
         return result
 
 
-_build_checked = threading.Event()
-
-
+@functools.cache
 def _say_if_generic_build() -> None:
     """Once a process: a line when the engine leaves this CPU's vector units unused (see ``build``)."""
-    if _build_checked.is_set():
-        return
-    _build_checked.set()
     unused = unused_units(xllamacpp.get_system_info(), cpu_flags())
     if unused:
         log.info(
