@@ -13,8 +13,9 @@ from pydantic import BaseModel
 
 from services.backends import BackendUnavailable
 from services.llm.factory import build_adapter, build_embedder, build_llm
+from services.llm.gate import RankedGate
 from services.llm.layers import CachedLLM, LimitedLLM, MeteredLLM, RetryingLLM, attempts_made, cache_key
-from services.llm.scope import background_calls
+from services.llm.scope import background_calls, sent_ahead
 from services.llm.scripted import ScriptedLLM
 from services.llm.task import LLMTask, TaskFailed, run_task
 from services.ports import LLM, CacheScope, KeyValueCache, LLMMessage, LLMRequest, LLMResponse
@@ -231,27 +232,28 @@ async def test_concurrency_bound_is_respected() -> None:
     assert llm.max_in_flight == 2 and llm.in_flight == 0
 
 
+class Held(ScriptedLLM):
+    """Every call waits until released, so what reached the model, in which order, is exact."""
+
+    def __init__(self) -> None:
+        super().__init__({"t": lambda r: "ok"})
+        self.release = asyncio.Event()
+        self.arrived: list[str] = []
+        self.changed = asyncio.Condition()
+
+    async def complete(self, request):
+        async with self.changed:
+            self.arrived.append(request.messages[-1].content)
+            self.changed.notify_all()
+        await self.release.wait()
+        return await super().complete(request)
+
+    async def wait_arrived(self, n: int) -> None:
+        async with self.changed:
+            await asyncio.wait_for(self.changed.wait_for(lambda: len(self.arrived) >= n), timeout=5)
+
+
 async def test_background_calls_leave_a_slot_for_a_question() -> None:
-    class Held(ScriptedLLM):
-        """Every call waits until released, so what reached the model, in which order, is exact."""
-
-        def __init__(self) -> None:
-            super().__init__({"t": lambda r: "ok"})
-            self.release = asyncio.Event()
-            self.arrived: list[str] = []
-            self.changed = asyncio.Condition()
-
-        async def complete(self, request):
-            async with self.changed:
-                self.arrived.append(request.messages[-1].content)
-                self.changed.notify_all()
-            await self.release.wait()
-            return await super().complete(request)
-
-        async def wait_arrived(self, n: int) -> None:
-            async with self.changed:
-                await asyncio.wait_for(self.changed.wait_for(lambda: len(self.arrived) >= n), timeout=5)
-
     held = Held()
     llm = LimitedLLM(held, max_concurrency=3)
 
@@ -268,6 +270,50 @@ async def test_background_calls_leave_a_slot_for_a_question() -> None:
     held.release.set()
     assert len(await backlog) == 6 and (await question).text == "ok"
     assert llm.max_in_flight == 3
+
+
+async def test_a_background_call_needed_now_goes_before_calls_sent_ahead() -> None:
+    held = Held()
+    llm = LimitedLLM(held, max_concurrency=2)  # one background slot
+
+    async def ahead(name: str) -> LLMResponse:
+        with sent_ahead():
+            return await llm.complete(ask(name))
+
+    with background_calls():
+        first = asyncio.create_task(ahead("extract 1"))
+        await held.wait_arrived(1)
+        later = [asyncio.create_task(ahead(f"extract {n}")) for n in (2, 3)]
+        await wait_until(lambda: llm.background.waiting == 2)
+        check = asyncio.create_task(llm.complete(ask("check 1")))
+    await wait_until(lambda: llm.background.waiting == 3)
+    assert held.arrived == ["extract 1"]
+    held.release.set()
+    await asyncio.gather(first, check, *later)
+    # the check, queued last, went first; those sent ahead kept their order
+    assert held.arrived == ["extract 1", "check 1", "extract 2", "extract 3"]
+
+
+async def test_ranked_gate_lets_in_by_rank_then_arrival_and_skips_the_cancelled() -> None:
+    gate = RankedGate(1)
+    await gate.acquire()
+    entered: list[str] = []
+
+    async def enter(name: str, rank: int) -> None:
+        await gate.acquire(rank)
+        entered.append(name)
+
+    waiters = {n: asyncio.create_task(enter(n, r)) for n, r in [("late a", 1), ("late b", 1), ("now", 0), ("gone", 0)]}
+    await asyncio.sleep(0)
+    waiters["gone"].cancel()
+    await asyncio.gather(waiters["gone"], return_exceptions=True)
+    for expected in (["now"], ["now", "late a"], ["now", "late a", "late b"]):
+        gate.release()
+        await wait_until(lambda: len(entered) == len(expected))  # noqa: B023 (awaited in this iteration)
+        assert entered == expected
+    assert gate.free == 0
+    gate.release()
+    assert gate.free == 1
 
 
 async def test_metrics_and_running_counters() -> None:

@@ -17,6 +17,7 @@ from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, EdgeKind, Vertex, VertexKind
 from services.llm.layers import RetryingLLM
+from services.llm.scope import is_ahead
 from services.llm.scripted import MEMORIZE_RULES, ScriptedLLM, rule_extract, rule_resolve_check
 from services.memorize.service import TAKE_BATCHES, MemorizeService
 from services.settings import Settings
@@ -464,6 +465,29 @@ async def test_a_users_groups_are_extracted_together_and_written_in_order(store,
     assert outcome.dead_letters == []
     assert [u.source_event_ids for u in outcome.updates] == [[f"m{i}" for i in range(s, s + 8)] for s in (1, 9, 17)]
     assert await store.seen_events("u1", [e.event_id for e in events]) == {e.event_id for e in events}
+
+
+async def test_extraction_is_sent_ahead_and_the_checks_a_write_waits_on_are_not(store, embedder) -> None:
+    """The engine's background slots go to a group's checks before the later groups' extraction (``LimitedLLM``)."""
+
+    class Marked(ScriptedLLM):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ahead: dict[str, set[bool]] = {}
+
+        async def complete(self, request):
+            self.ahead.setdefault(request.task, set()).add(is_ahead())
+            return await super().complete(request)
+
+    llm = Marked()
+    llm.queue("extract", reply(fact("Anna lives in Paris.", relation="lives in", obj="Paris")))
+    llm.queue("extract", reply(fact("Anna lives in Berlin.", relation="lives in", obj="Berlin")))
+    llm.responders["resolve"] = lambda _request: verdicts("updates")
+    llm.responders["resolve_check"] = rule_resolve_check
+    svc = service(store, llm, embedder, batch_max_messages=1)
+    outcome = await svc.memorize([msg(1, "I live in Paris."), msg(2, "I moved to Berlin!", at=T0 + timedelta(days=30))])
+    assert outcome.updates[1].theses_invalidated == 1
+    assert llm.ahead == {"extract": {True}, "resolve": {False}, "resolve_check": {False}}
 
 
 async def test_a_backlog_is_memorized_in_worker_steps_each_user_in_order(store, embedder) -> None:

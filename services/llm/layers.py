@@ -17,7 +17,8 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 
 from services.backends import RetryPolicy, refused, timed_out
-from services.llm.scope import current_scope, is_background
+from services.llm.gate import RankedGate
+from services.llm.scope import current_scope, is_ahead, is_background
 from services.logging import get_logger
 from services.metrics import LLM_CACHE, LLM_CALLS, LLM_IN_FLIGHT, LLM_LATENCY, LLM_TOKENS
 from services.ports import LLM, CacheScope, KeyValueCache, LLMRequest, LLMResponse
@@ -158,21 +159,28 @@ class RetryingLLM(LLMLayer):
 class LimitedLLM(LLMLayer):
     """At most ``max_concurrency`` calls in flight; the others wait their turn. Background calls (memorize, see
     ``background_calls``) hold at most all slots but one: a memorize backlog fills the engine's slots with
-    extraction calls of a minute or more each on a small CPU, and a question must not wait behind them."""
+    extraction calls of a minute or more each on a small CPU, and a question must not wait behind them. Among
+    waiting background calls, those whose result is needed now (a group's checks, on which its write and every
+    later group's wait) go before those sent ahead (``sent_ahead``: the later groups' extraction); otherwise a
+    group's checks queued behind every extraction of the step, and the step ended in a tail of checks made one at
+    a time while the other slots sat idle."""
 
     def __init__(self, inner: LLM, max_concurrency: int) -> None:
         super().__init__(inner)
         self.max_concurrency = max(1, max_concurrency)
         self._slots = asyncio.Semaphore(self.max_concurrency)
-        self._background = asyncio.Semaphore(max(1, self.max_concurrency - 1))
+        self.background = RankedGate(self.max_concurrency - 1)
         self.in_flight = 0
         self.max_in_flight = 0
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         if not is_background():
             return await self._run(request)
-        async with self._background:
+        await self.background.acquire(rank=1 if is_ahead() else 0)
+        try:
             return await self._run(request)
+        finally:
+            self.background.release()
 
     async def _run(self, request: LLMRequest) -> LLMResponse:
         async with self._slots:

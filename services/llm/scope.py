@@ -8,7 +8,7 @@ cached extraction of it too. A context variable carries the scope, so the tasks 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 
 from services.ports import CacheScope
@@ -32,18 +32,33 @@ def current_scope() -> CacheScope | None:
 
 
 _BACKGROUND: ContextVar[bool] = ContextVar("memstream_llm_background", default=False)
+_AHEAD: ContextVar[bool] = ContextVar("memstream_llm_ahead", default=False)
 
 
 @contextmanager
-def background_calls() -> Iterator[None]:
-    """Calls made inside are background work (memorize): they never take the model's last free slot, which is kept
-    for someone waiting on an answer (``LimitedLLM``)."""
-    token = _BACKGROUND.set(True)
+def _flagged(flag: ContextVar[bool]) -> Iterator[None]:
+    token = flag.set(True)
     try:
         yield
     finally:
-        _BACKGROUND.reset(token)
+        flag.reset(token)
+
+
+def background_calls() -> AbstractContextManager[None]:
+    """Calls made inside are background work (memorize): they never take the model's last free slot, which is kept
+    for someone waiting on an answer (``LimitedLLM``)."""
+    return _flagged(_BACKGROUND)
 
 
 def is_background() -> bool:
     return _BACKGROUND.get()
+
+
+def sent_ahead() -> AbstractContextManager[None]:
+    """Calls made inside were sent before their result is needed (memorize sends every group's extraction at
+    once): a waiting background call whose result is needed now goes first (``LimitedLLM``)."""
+    return _flagged(_AHEAD)
+
+
+def is_ahead() -> bool:
+    return _AHEAD.get()

@@ -30,7 +30,7 @@ from services.domain import (
 )
 from services.embeddings import CachedEmbedder, embedding_user
 from services.llm.layers import TRANSIENT_ERRORS, attempts_made
-from services.llm.scope import background_calls, llm_scope
+from services.llm.scope import background_calls, llm_scope, sent_ahead
 from services.llm.task import TaskFailed, run_task
 from services.logging import get_logger
 from services.memorize.builder import (
@@ -282,7 +282,8 @@ class MemorizeService:
                 # the engine decodes them together (its slots: about twice the tokens a second of one call on
                 # 2 cores, docs/benchmarks.md), while each group's checks and write still follow the one before.
                 units = [self._group_units(group) for group in groups]
-                extractions = [asyncio.ensure_future(self._extract(u)) for u in units]
+                with sent_ahead():  # the checks of a group being written go first (``LimitedLLM``)
+                    extractions = [asyncio.ensure_future(self._extract(u)) for u in units]
                 try:
                     for group, group_units, extraction in zip(groups, units, extractions, strict=True):
                         await self._memorize_group(user_id, group, outcome, source_topic, (group_units, extraction))

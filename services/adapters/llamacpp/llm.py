@@ -313,12 +313,22 @@ class LlamaCppLLM(LLM):
         prompt_tokens = sum(len(m.content) for m in request.messages) / 4  # about 4 characters a token
         progress = Progress(prompt_allowance_s=prompt_tokens / MIN_PROMPT_TOKENS_PER_S)
         listener = _on_loop(request.on_text)
+        sent = time.monotonic()
         job = asyncio.ensure_future(asyncio.to_thread(engine.chat, self.payload(request), cancel, progress, listener))
         try:
             done = await self._watch(job, progress)
         finally:
             # If this coroutine was cancelled (timeout, shutdown), the thread is still generating: stop it.
             cancel.set()
+        # where a call's time went, for profiling a run (which calls overlapped, what each read and wrote)
+        log.debug(
+            "llm_engine_call",
+            task=request.task,
+            threads=engine.config.n_threads,
+            started_s=round((progress.started or sent) - sent, 3),
+            ended_s=round(time.monotonic() - sent, 3),
+            **{k: done.timings[k] for k in _TIMINGS if k in done.timings},
+        )
         return LLMResponse(
             text=done.text,
             model=self.model,
@@ -358,4 +368,6 @@ def _on_loop(on_text: Callable[[str], None] | None) -> Callable[[str], None] | N
     return relay
 
 
+#: llama.cpp's per-call figures logged with ``llm_engine_call``
+_TIMINGS = ("prompt_n", "cache_n", "predicted_n", "prompt_ms", "predicted_ms")
 _WATCH_INTERVAL_S = 1.0  # how often a running call is checked for progress
