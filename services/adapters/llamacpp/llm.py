@@ -324,7 +324,6 @@ class LlamaCppLLM(LLM):
         log.debug(
             "llm_engine_call",
             task=request.task,
-            threads=engine.config.n_threads,
             started_s=round((progress.started or sent) - sent, 3),
             ended_s=round(time.monotonic() - sent, 3),
             **{k: done.timings[k] for k in _TIMINGS if k in done.timings},
