@@ -3,7 +3,7 @@
 
 # Pinned versions: change one here and the next `scripts/stack up` builds it once into its own cache folder.
 KAFKA_VERSION=4.1.1            # org.apache.kafka:kafka_2.13 from Maven Central, single-node KRaft
-WEAVIATE_VERSION=v1.35.2       # github.com/weaviate/weaviate/cmd/weaviate-server
+WEAVIATE_VERSION=v1.38.8       # github.com/weaviate/weaviate/cmd/weaviate-server
 OLLAMA_VERSION=v0.17.4         # github.com/ollama/ollama (CPU build through cgo)
 # Ollama's `go install` compiles ggml's CPU kernels with cgo's default flags (-O2 -g, no -m...), so without these
 # they fall back to scalar code (no AVX; 0.45 tokens/s). -march=native: the binary runs only on CPUs with this

@@ -330,7 +330,11 @@ class WeaviateVectorStore(VectorStore):
         async def drop(kind: str) -> None:
             await self.client.collections.get(collection_name(self.prefix, kind)).tenants.remove([tenant])
 
-        await self._retrying("delete_user", lambda: asyncio.gather(*(drop(kind) for kind in KIND_SUFFIX)))
+        # A write's whole timeout: dropping a tenant on a busy server can outlast a query attempt, and an attempt
+        # given up on keeps running there while the retry drops the same tenant again.
+        await self._retrying(
+            "delete_user", lambda: asyncio.gather(*(drop(kind) for kind in KIND_SUFFIX)), attempt_s=self.timeout_s
+        )
 
     # -- VectorStore ------------------------------------------------------------------------------------------------
 
