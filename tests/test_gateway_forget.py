@@ -45,7 +45,7 @@ from streams.gateway.answers import AnswerBook
 from streams.gateway.app import create_app
 from streams.gateway.client import bearer
 from streams.gateway.dead_letters import DeadLetterBook, DeadLetterFeed
-from streams.gateway.forget import ForgetBook, ForgetLedger, ForgetStatus, Purger
+from streams.gateway.forget import Forgets, ForgetStatus, Purger
 from streams.outbox import Outbox, OutboxRecord, OutboxRelay
 from streams.topics import TopicNames
 from tests.test_auth import Keys as TenantKeys
@@ -143,7 +143,7 @@ def record(value: DeadLetter, offset: int = 0) -> ConsumerRecord[bytes, bytes]:
 
 
 class Books:
-    """The gateway's copies, guarded by one ledger, purged by one purger (no broker: nothing is started)."""
+    """The gateway's copies, guarded by one record of forgets, purged by one purger (no broker: nothing is started)."""
 
     def __init__(self, settings: Settings, outbox: Outbox | None = None) -> None:
         self.topics = TopicNames.from_settings(settings)
@@ -151,10 +151,9 @@ class Books:
         self.traces = TraceStore()
         self.dead_letters = DeadLetterBook()
         self.feed = DeadLetterFeed("localhost:1", self.topics.dead_letters, self.dead_letters)
-        self.ledger = ForgetLedger()
-        self.forgets = ForgetBook(self.topics)
-        self.purger = Purger(self.ledger, self.forgets, self.answers, self.dead_letters, outbox, self.traces)
-        self.ledger.guard(self.answers, self.feed, self.traces)
+        self.forgets = Forgets(self.topics)
+        self.purger = Purger(self.forgets, self.answers, self.dead_letters, outbox, self.traces)
+        self.forgets.guard(self.answers, self.feed, self.traces)
 
     async def hold(self, *answers: Answer) -> None:
         for a in answers:
@@ -243,6 +242,25 @@ async def test_forgetting_a_user_purges_everything_of_theirs_from_before_and_com
     assert (status.source_events, status.vertices_removed, status.cache_entries_removed) == (3, 6, 8)
 
 
+async def test_one_record_of_forgets_shows_their_status_and_refuses_copies_until_it_lets_the_oldest_go(
+    settings: Settings,
+) -> None:
+    forgets = Forgets(TopicNames.from_settings(settings), capacity=2)
+    answers = AnswerBook()
+    forgets.guard(answers, DeadLetterFeed("localhost:1", "dl", DeadLetterBook()), None)
+    first, _, completed = forgets.record(forgotten(ForgetScope.MESSAGE, "m_1", forget_id="f_1", removed=("r_1",)))
+    assert completed and forgets.get("f_1") is not None and forgets.of_user("alice") == [first]
+    assert forgets.forgets_answer(answer("q1", "r_1")) and not forgets.forgets_answer(answer("q2", "r_1", user="bob"))
+
+    forgets.sent(Forget(event_id="f_2", user_id="alice", event_time=T1, scope=ForgetScope.USER))  # still pending
+    forgets.record(forgotten(ForgetScope.MESSAGE, "m_3", forget_id="f_3", removed=("r_3",)))
+    # the oldest forget went, status and refusal together: copies of its memory are no longer refused
+    assert forgets.get("f_1") is None and [e.announced.forget_id for e in forgets.of_user("alice")] == ["f_3"]
+    assert not forgets.forgets_answer(answer("q3", "r_1")) and forgets.forgets_answer(answer("q4", "r_3"))
+    pending = forgets.get("f_2")
+    assert pending is not None and not pending.complete and len(forgets) == 2
+
+
 async def test_a_followed_trace_that_is_forgotten_ends_its_stream(settings: Settings) -> None:
     books = Books(settings)
     books.traces.add_stage(stage("q1", {"evidence": ["r_3"]}))
@@ -292,7 +310,7 @@ async def test_the_outbox_loses_the_forgotten_events_rows_but_keeps_what_came_af
 def purger_with(tmp_path: Path, outbox: Outbox) -> Purger:
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
     topics = TopicNames.from_settings(settings)
-    return Purger(ForgetLedger(), ForgetBook(topics), AnswerBook(), DeadLetterBook(), outbox, TraceStore())
+    return Purger(Forgets(topics), AnswerBook(), DeadLetterBook(), outbox, TraceStore())
 
 
 async def _never(records: Any) -> None:

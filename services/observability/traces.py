@@ -295,7 +295,7 @@ def assemble(
 # -- the store --------------------------------------------------------------------------------------------------------
 
 UpdateKind = Literal["query", "stage", "text", "answer"]
-#: ``(query_id, user_id, when, content) -> True`` for a record that must not be kept (see ``ForgetLedger``)
+#: ``(query_id, user_id, when, content) -> True`` for a record that must not be kept (the gateway's ``Forgets``)
 Refuse = Callable[[str, str | None, datetime, object], bool]
 
 

@@ -20,7 +20,7 @@ class AnswerBook:
         self.capacity = capacity
         self._answers: OrderedDict[str, Answer] = OrderedDict()
         self._changed = asyncio.Condition()
-        #: ``True`` for an answer that must not be kept (built from forgotten memory); see ``forget.ForgetLedger``
+        #: ``True`` for an answer that must not be kept (built from forgotten memory); see ``forget.Forgets``
         self.refuse: Callable[[Answer], bool] = lambda _answer: False
 
     def __len__(self) -> int:

@@ -50,8 +50,7 @@ from streams.gateway.connectors.replies import SlackReplier, Thread, answer_back
 from streams.gateway.connectors.slack import SLACK_USER_ID
 from streams.gateway.dead_letters import DeadLetterBook, DeadLetterFeed, dead_letter_router
 from streams.gateway.forget import (
-    ForgetBook,
-    ForgetLedger,
+    Forgets,
     MemoryUpdatesFeed,
     Purger,
     forget_router,
@@ -159,9 +158,8 @@ def create_app(
     dead_letter_feed.listeners.append(dead_lettered)
 
     # forgetting: the erasures announced on the memory-updates topic purge the gateway's own copies
-    ledger = ForgetLedger()
-    forgets = ForgetBook(topics)
-    purger = Purger(ledger, forgets, book, dead_letters, outbox)
+    forgets = Forgets(topics)
+    purger = Purger(forgets, book, dead_letters, outbox)
     forget_feed = MemoryUpdatesFeed(servers, topics.memory_updates, purger, settings)
 
     def nudge_lag() -> None:
@@ -222,7 +220,6 @@ def create_app(
     app.state.topics = topics
     app.state.dead_letters = dead_letters
     app.state.forgets = forgets
-    app.state.forget_ledger = ledger
     app.state.max_body_bytes = settings.max_body_bytes
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     # outside the body limit: a request without a credential is refused before its body is read
@@ -411,5 +408,5 @@ def create_app(
     )
     app.include_router(connectors)
     app.include_router(import_router(produce, topics.chat, versions, forgets.sent))
-    ledger.guard(book, dead_letter_feed, app.state.traces)
+    forgets.guard(book, dead_letter_feed, app.state.traces)
     return app

@@ -7,10 +7,10 @@ workers erase memory in that order and announce each erasure as a ``MemoryForgot
 
 ``MemoryUpdatesFeed`` reads those, and the ``Purger`` drops what the gateway itself keeps of the forgotten memory:
 answers (and their traces) that cite a removed vertex or edge, dead letters of the forgotten events (a replay would
-bring their text back), and the outbox rows of those events. All of the user's, for a user forget. The
-``ForgetLedger`` keeps every erasure, so that records read *after* it (a restarted gateway reads the answers and
-dead-letter topics from their beginning again) are refused on arrival too. ``ForgetBook`` answers
-``GET /v1/forget/{id}``: pending until a ``MemoryForgotten`` came back from every topic the tombstone went to.
+bring their text back), and the outbox rows of those events. All of the user's, for a user forget. ``Forgets`` is
+the one record of forgets: it answers ``GET /v1/forget/{id}`` (pending until a ``MemoryForgotten`` came back from
+every topic the tombstone went to) and keeps every erasure, so that records read *after* it (a restarted gateway
+reads the answers and dead-letter topics from their beginning again) are refused on arrival too.
 """
 
 from __future__ import annotations
@@ -110,73 +110,166 @@ def cited_ids(content: object) -> set[str]:
 class Erasure:
     """One ``MemoryForgotten``: what a forget erased on one topic, and when."""
 
-    forget_id: str
-    source_topic: str
-    user_id: str
-    scope: ForgetScope
-    target: str | None
+    announced: MemoryForgotten
     removed_all: bool
     removed_ids: frozenset[str]
     source_event_ids: frozenset[str]
-    committed_at: datetime
 
     @classmethod
     def of(cls, done: MemoryForgotten) -> Erasure:
         return cls(
-            done.forget_id,
-            done.source_topic,
-            done.user_id,
-            done.scope,
-            done.target,
+            done,
             done.removed_all or done.scope is ForgetScope.USER,
             frozenset(done.removed_ids),
             frozenset(done.source_event_ids),
-            done.committed_at,
         )
 
     def covers(self, when: datetime, content: object) -> bool:
         """A copy made before the erasure from memory it erased (all of it, for a whole user)."""
-        return when < self.committed_at and (self.removed_all or not self.removed_ids.isdisjoint(cited_ids(content)))
+        return when < self.announced.committed_at and (
+            self.removed_all or not self.removed_ids.isdisjoint(cited_ids(content))
+        )
 
     def covers_letter(self, letter: DeadLetter) -> bool:
-        if letter.ingest_time >= self.committed_at:
+        if letter.ingest_time >= self.announced.committed_at:
             return False
         if self.removed_all or not self.source_event_ids.isdisjoint(letter.failed_event_ids):
             return True
         payload = _payload(letter.payload)
-        return any(selects(self.scope, self.target, e, payload) for e in letter.failed_event_ids or ["?"])
+        done = self.announced
+        return any(selects(done.scope, done.target, e, payload) for e in letter.failed_event_ids or ["?"])
 
 
-class ForgetLedger:
-    """Every erasure heard of (at most ``capacity``, the oldest go first), by user, and the queries whose answer or
-    trace went with one; ``forgets_*`` tell the books what to refuse."""
+@dataclass
+class ForgetEntry:
+    """One forget: the topics its tombstone went to, and the erasure announced on each so far."""
 
-    def __init__(self, capacity: int = 100_000, queries_capacity: int = 100_000) -> None:
+    forget_id: str
+    user_id: str
+    scope: ForgetScope
+    target: str | None
+    topics: list[str]
+    accepted_at: datetime | None = None
+    done: dict[str, Erasure] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return all(t in self.done for t in self.topics)
+
+
+class ForgetStatus(BaseModel):
+    forget_id: str
+    user_id: str
+    scope: ForgetScope
+    target: str | None
+    status: str = Field(description="pending, or done once every topic's erasure was announced")
+    topics: list[str]
+    topics_done: list[str]
+    accepted_at: datetime | None = Field(description="When this gateway accepted it (none: heard of on the topic).")
+    committed_at: datetime | None = Field(description="When the last erasure committed.")
+    removed_all: bool
+    source_events: int = Field(description="Events whose memory was erased.")
+    vertices_removed: int
+    edges_removed: int
+    theses_restored: int
+    cache_entries_removed: int
+
+    @classmethod
+    def of(cls, entry: ForgetEntry) -> ForgetStatus:
+        done = [e.announced for e in entry.done.values()]
+        return cls(
+            forget_id=entry.forget_id,
+            user_id=entry.user_id,
+            scope=entry.scope,
+            target=entry.target,
+            status="done" if entry.complete else "pending",
+            topics=entry.topics,
+            topics_done=[t for t in entry.topics if t in entry.done],
+            accepted_at=entry.accepted_at,
+            committed_at=max((d.committed_at for d in done), default=None),
+            removed_all=any(d.removed_all for d in done),
+            source_events=len({e for d in done for e in d.source_event_ids}),
+            vertices_removed=sum(d.vertices_removed for d in done),
+            edges_removed=sum(d.edges_removed for d in done),
+            theses_restored=sum(d.theses_restored for d in done),
+            cache_entries_removed=sum(d.cache_entries_removed for d in done),
+        )
+
+
+class Forgets:
+    """The one view of forgets at the gateway: forget id -> ``ForgetEntry`` for those it sent and those it heard
+    announced (at most ``capacity``, the oldest go first), indexed by user; and the queries whose answer or trace
+    went with an erasure. It answers ``GET /v1/forget/{id}``, and its ``forgets_*`` tell the books what to refuse,
+    so that a copy read *after* its erasure (a restarted gateway reads answers and dead letters again) is refused."""
+
+    def __init__(self, topics: TopicNames, capacity: int = 100_000, queries_capacity: int = 100_000) -> None:
+        self.topics = topics
         self.capacity = capacity
         self.queries_capacity = queries_capacity
-        self._erasures: OrderedDict[tuple[str, str], Erasure] = OrderedDict()
-        self._by_user: dict[str, dict[tuple[str, str], Erasure]] = {}
+        self._entries: OrderedDict[str, ForgetEntry] = OrderedDict()
+        self._by_user: dict[str, dict[str, ForgetEntry]] = {}
         self._queries: OrderedDict[str, None] = OrderedDict()
+        self._changed = asyncio.Condition()
 
     def __len__(self) -> int:
-        return len(self._erasures)
+        return len(self._entries)
 
-    def record(self, done: MemoryForgotten) -> Erasure:
-        erasure = Erasure.of(done)
-        key = (erasure.forget_id, erasure.source_topic)
-        self._erasures[key] = erasure
-        self._by_user.setdefault(erasure.user_id, {})[key] = erasure
-        while len(self._erasures) > self.capacity:
-            (old_key, old) = self._erasures.popitem(last=False)
-            user = self._by_user.get(old.user_id, {})
-            user.pop(old_key, None)
+    def get(self, forget_id: str) -> ForgetEntry | None:
+        return self._entries.get(forget_id)
+
+    def _put(self, entry: ForgetEntry) -> ForgetEntry:
+        old = self._entries.pop(entry.forget_id, None)
+        if old is not None:
+            self._by_user.get(old.user_id, {}).pop(old.forget_id, None)
+        self._entries[entry.forget_id] = entry
+        self._by_user.setdefault(entry.user_id, {})[entry.forget_id] = entry
+        while len(self._entries) > self.capacity:
+            _, gone = self._entries.popitem(last=False)
+            user = self._by_user.get(gone.user_id, {})
+            user.pop(gone.forget_id, None)
             if not user:
-                self._by_user.pop(old.user_id, None)
-            log.warning("forget_ledger_full", forget_id=old.forget_id, capacity=self.capacity)
-        return erasure
+                self._by_user.pop(gone.user_id, None)
+            if gone.done:  # copies of its memory read from now on are no longer refused
+                log.warning("forgets_full", forget_id=gone.forget_id, capacity=self.capacity)
+        return entry
+
+    def sent(self, forget: Forget) -> ForgetEntry:
+        topics = forget_topics(forget.scope, self.topics)
+        entry = ForgetEntry(forget.event_id, forget.user_id, forget.scope, forget.target, topics, forget.ingest_time)
+        return self._put(entry)
+
+    def record(self, done: MemoryForgotten) -> tuple[Erasure, ForgetEntry, bool]:
+        """Record an erasure; returns it, its forget's entry and whether it completed that forget just now."""
+        entry = self._entries.get(done.forget_id)
+        if entry is None or entry.user_id != done.user_id:
+            topics = forget_topics(done.scope, self.topics)
+            entry = self._put(ForgetEntry(done.forget_id, done.user_id, done.scope, done.target, topics))
+        was_complete = entry.complete
+        erasure = entry.done[done.source_topic] = Erasure.of(done)
+        return erasure, entry, entry.complete and not was_complete
+
+    async def wait_done(self, forget_id: str, timeout_s: float) -> ForgetEntry | None:
+        """The entry, waiting up to ``timeout_s`` for it to be complete."""
+
+        def done() -> bool:
+            entry = self._entries.get(forget_id)
+            return entry is None or entry.complete
+
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait_for(done), timeout_s)
+        return self._entries.get(forget_id)
+
+    async def changed(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- what the books refuse ----------------------------------------------------------------------------------
 
     def of_user(self, user_id: str | None) -> list[Erasure]:
-        return list(self._by_user.get(user_id, {}).values()) if user_id is not None else []
+        if user_id is None:
+            return []
+        return [e for entry in self._by_user.get(user_id, {}).values() for e in entry.done.values()]
 
     def forgotten_query(self, query_id: str) -> bool:
         return query_id in self._queries
@@ -204,7 +297,7 @@ class ForgetLedger:
         return any(e.covers_letter(letter) for e in self.of_user(letter.user_id))
 
     def guard(self, answers: AnswerBook, dead_letters: DeadLetterFeed, traces: TraceStore | None) -> None:
-        """Make the books refuse what this ledger has forgotten (``dead_letters``: the feed that fills them)."""
+        """Make the books refuse what has been forgotten (``dead_letters``: the feed that fills them)."""
         answers.refuse = self.forgets_answer
         dead_letters.refuse = self.forgets_letter
         if traces is not None:
@@ -216,116 +309,6 @@ def _trace_time(trace: Trace) -> datetime:
     return min(times) if times else datetime.now(UTC)
 
 
-# -- the status of forgets ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ForgetEntry:
-    forget_id: str
-    user_id: str
-    scope: ForgetScope
-    target: str | None
-    topics: list[str]
-    accepted_at: datetime | None = None
-    done: dict[str, MemoryForgotten] = field(default_factory=dict)
-
-    @property
-    def complete(self) -> bool:
-        return all(t in self.done for t in self.topics)
-
-
-class ForgetStatus(BaseModel):
-    forget_id: str
-    user_id: str
-    scope: ForgetScope
-    target: str | None
-    status: str = Field(description="pending, or done once every topic's erasure was announced")
-    topics: list[str]
-    topics_done: list[str]
-    accepted_at: datetime | None = Field(description="When this gateway accepted it (none: heard of on the topic).")
-    committed_at: datetime | None = Field(description="When the last erasure committed.")
-    removed_all: bool
-    source_events: int = Field(description="Events whose memory was erased.")
-    vertices_removed: int
-    edges_removed: int
-    theses_restored: int
-    cache_entries_removed: int
-
-    @classmethod
-    def of(cls, entry: ForgetEntry) -> ForgetStatus:
-        done = list(entry.done.values())
-        return cls(
-            forget_id=entry.forget_id,
-            user_id=entry.user_id,
-            scope=entry.scope,
-            target=entry.target,
-            status="done" if entry.complete else "pending",
-            topics=entry.topics,
-            topics_done=[t for t in entry.topics if t in entry.done],
-            accepted_at=entry.accepted_at,
-            committed_at=max((d.committed_at for d in done), default=None),
-            removed_all=any(d.removed_all for d in done),
-            source_events=len({e for d in done for e in d.source_event_ids}),
-            vertices_removed=sum(d.vertices_removed for d in done),
-            edges_removed=sum(d.edges_removed for d in done),
-            theses_restored=sum(d.theses_restored for d in done),
-            cache_entries_removed=sum(d.cache_entries_removed for d in done),
-        )
-
-
-class ForgetBook:
-    """forget id -> ``ForgetEntry``: the forgets this gateway sent and those it heard of, at most ``capacity``."""
-
-    def __init__(self, topics: TopicNames, capacity: int = 10_000) -> None:
-        self.topics = topics
-        self.capacity = capacity
-        self._entries: OrderedDict[str, ForgetEntry] = OrderedDict()
-        self._changed = asyncio.Condition()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, forget_id: str) -> ForgetEntry | None:
-        return self._entries.get(forget_id)
-
-    async def wait_done(self, forget_id: str, timeout_s: float) -> ForgetEntry | None:
-        """The entry, waiting up to ``timeout_s`` for it to be complete."""
-
-        def done() -> bool:
-            entry = self._entries.get(forget_id)
-            return entry is None or entry.complete
-
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(done), timeout_s)
-        return self._entries.get(forget_id)
-
-    async def changed(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    def _put(self, entry: ForgetEntry) -> ForgetEntry:
-        self._entries[entry.forget_id] = entry
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
-        return entry
-
-    def sent(self, forget: Forget) -> ForgetEntry:
-        topics = forget_topics(forget.scope, self.topics)
-        entry = ForgetEntry(forget.event_id, forget.user_id, forget.scope, forget.target, topics, forget.ingest_time)
-        return self._put(entry)
-
-    def announced(self, done: MemoryForgotten) -> tuple[ForgetEntry, bool]:
-        """Record an erasure; returns the entry and whether it completed the forget just now."""
-        entry = self._entries.get(done.forget_id)
-        if entry is None or entry.user_id != done.user_id:
-            topics = forget_topics(done.scope, self.topics)
-            entry = self._put(ForgetEntry(done.forget_id, done.user_id, done.scope, done.target, topics))
-        was_complete = entry.complete
-        entry.done[done.source_topic] = done
-        return entry, entry.complete and not was_complete
-
-
 # -- the purge --------------------------------------------------------------------------------------------------------
 
 
@@ -334,15 +317,13 @@ class Purger:
 
     def __init__(
         self,
-        ledger: ForgetLedger,
-        book: ForgetBook,
+        forgets: Forgets,
         answers: AnswerBook,
         dead_letters: DeadLetterBook,
         outbox: Outbox | None = None,
         traces: TraceStore | None = None,
     ) -> None:
-        self.ledger = ledger
-        self.book = book
+        self.forgets = forgets
         self.answers = answers
         self.dead_letters = dead_letters
         self.outbox = outbox
@@ -350,8 +331,7 @@ class Purger:
 
     async def apply(self, done: MemoryForgotten) -> dict[str, int]:
         """Purge what ``done`` erased; returns how many copies of each kind went."""
-        erasure = self.ledger.record(done)
-        entry, completed = self.book.announced(done)
+        erasure, entry, completed = self.forgets.record(done)
         purged = {
             "answer": self._answers(erasure),
             "trace": self._traces(erasure),
@@ -362,7 +342,7 @@ class Purger:
             FORGET_PURGED.labels(what=what).inc(count)
         if completed:
             FORGETS_COMPLETED.labels(scope=entry.scope.value).inc()
-        await self.book.changed()
+        await self.forgets.changed()
         log.info(
             "forget_purged",
             forget_id=done.forget_id,
@@ -375,12 +355,16 @@ class Purger:
         return purged
 
     def _answers(self, erasure: Erasure) -> int:
-        gone = [a.query_id for a in self.answers.answers() if a.user_id == erasure.user_id and self._covers(erasure, a)]
+        gone = [
+            a.query_id
+            for a in self.answers.answers()
+            if a.user_id == erasure.announced.user_id and self._covers(erasure, a)
+        ]
         return self.answers.remove(gone)
 
     def _covers(self, erasure: Erasure, answer: Answer) -> bool:
-        if self.ledger.forgotten_query(answer.query_id) or erasure.covers(answer.ingest_time, answer):
-            self.ledger.forget_query(answer.query_id)
+        if self.forgets.forgotten_query(answer.query_id) or erasure.covers(answer.ingest_time, answer):
+            self.forgets.forget_query(answer.query_id)
             return True
         return False
 
@@ -389,15 +373,15 @@ class Purger:
             return 0
         gone = []
         for trace in self.traces.traces():
-            if trace.user_id != erasure.user_id:
+            if trace.user_id != erasure.announced.user_id:
                 continue
-            if self.ledger.forgotten_query(trace.query_id) or erasure.covers(_trace_time(trace), trace):
-                self.ledger.forget_query(trace.query_id)
+            if self.forgets.forgotten_query(trace.query_id) or erasure.covers(_trace_time(trace), trace):
+                self.forgets.forget_query(trace.query_id)
                 gone.append(trace.query_id)
         return self.traces.remove(gone)
 
     def _dead_letters(self, erasure: Erasure) -> int:
-        letters = self.dead_letters.select(user_id=erasure.user_id)
+        letters = self.dead_letters.select(user_id=erasure.announced.user_id)
         return self.dead_letters.remove(e.letter.event_id for e in letters if erasure.covers_letter(e.letter))
 
     async def _outbox(self, erasure: Erasure) -> int:
@@ -405,8 +389,9 @@ class Purger:
         that were accepted before it (rows after it are new memory); and the tombstone's own row on its topic."""
         if self.outbox is None:
             return 0
-        own = f"{erasure.forget_id}@{erasure.source_topic}"
-        rows = [e for e in await _all_entries(self.outbox) if e.record.user_id == erasure.user_id]
+        done = erasure.announced
+        own = f"{done.forget_id}@{done.source_topic}"
+        rows = [e for e in await _all_entries(self.outbox) if e.record.user_id == done.user_id]
         before = next((e.seq for e in rows if e.record.event_id == own), None)
         gone = {own} if before is not None else set()
         for row in rows:
@@ -414,15 +399,15 @@ class Purger:
             if record.event_id in erasure.source_event_ids or (
                 before is not None
                 and row.seq < before
-                and record.topic == erasure.source_topic
-                and selects(erasure.scope, erasure.target, record.event_id, _payload(record.value))
+                and record.topic == done.source_topic
+                and selects(done.scope, done.target, record.event_id, _payload(record.value))
             ):
                 gone.add(record.event_id)
         if not gone:
             return 0
-        removed = await self.outbox.remove(erasure.user_id, sorted(gone))
+        removed = await self.outbox.remove(done.user_id, sorted(gone))
         if not await self.outbox.checkpoint():  # the removed rows' text must not stay in the WAL file
-            log.warning("outbox_checkpoint_busy", forget_id=erasure.forget_id)
+            log.warning("outbox_checkpoint_busy", forget_id=done.forget_id)
         return removed
 
 
@@ -466,7 +451,7 @@ class MemoryUpdatesFeed(TopicFeed):
             for done in forgotten_records(records):
                 try:
                     await self.purger.apply(done)
-                except Exception as exc:  # the ledger has it: what arrives later is still refused
+                except Exception as exc:  # recorded: what arrives later is still refused
                     log.error("forget_purge_failed", forget_id=done.forget_id, error=repr(exc))
 
 
@@ -482,7 +467,7 @@ class ForgetAccepted(BaseModel):
     status: str = "pending"
 
 
-def forget_router(book: ForgetBook, produce: Produce, limiter: RateLimiter) -> APIRouter:
+def forget_router(book: Forgets, produce: Produce, limiter: RateLimiter) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/forget", status_code=202, response_model=ForgetAccepted)
