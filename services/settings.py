@@ -155,7 +155,8 @@ class Settings(BaseSettings):
     llm_max_concurrency: int = Field(
         default=5,
         ge=1,
-        description="model calls in flight per process (local: slots decoded together); memorize holds all but one",
+        description="model calls in flight per process (local: slots decoded together); memorize holds all but one "
+        "(at 1 it shares the one slot: a question may wait for a memorize call to end)",
     )
     backend_outage_s: float = Field(
         default=600.0,

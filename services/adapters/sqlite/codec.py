@@ -122,6 +122,10 @@ def blob_vector(blob: bytes) -> list[float]:
     return array("f", blob).tolist()
 
 
+#: ``x IN IN_LIST`` with ``json_list(values)`` bound to its ``?``
+IN_LIST = "(SELECT value FROM json_each(?))"
+
+
 def json_list(values: Sequence[str]) -> str:
     """A list parameter for ``json_each(?)``: one bound value however long the list, and no SQL built from data."""
     return json.dumps(list(values))

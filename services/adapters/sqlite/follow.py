@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 import apsw
 
-from .codec import json_list, user_key
+from .codec import IN_LIST, json_list, user_key
 
 #: below this many indexed texts a user's searches stay in SQLite (they are fast enough there)
 MIN_ITEMS = 20_000
@@ -32,7 +32,7 @@ def item_ids(
 ) -> dict[int, str]:
     """A copy's item numbers read back as ids: those that are this user's texts of these kinds (empty: any kind),
     checked again in the file; ``first``: only the first so many by id."""
-    where = " AND i.kind IN (SELECT value FROM json_each(?))" if kinds else ""
+    where = f" AND i.kind IN {IN_LIST}" if kinds else ""
     sql = f"""SELECT i.item_no, i.id FROM json_each(?) c CROSS JOIN items i ON i.item_no = c.value
               WHERE i.user_id = ?{where}"""
     params: list[Any] = [json.dumps(list(item_nos)), user_id]

@@ -9,11 +9,19 @@ import apsw
 
 from services.domain import Announcement, EdgeKind, Stats, Triplet, Vertex, VertexKind
 
-from .codec import EDGE_COLUMNS, N_EDGE_COLUMNS, N_VERTEX_COLUMNS, VERTEX_COLUMNS, json_list, row_edge, row_vertex
+from .codec import (
+    EDGE_COLUMNS,
+    IN_LIST,
+    N_EDGE_COLUMNS,
+    N_VERTEX_COLUMNS,
+    VERTEX_COLUMNS,
+    json_list,
+    row_edge,
+    row_vertex,
+)
 
 T = TypeVar("T")
 
-_IN_LIST = "(SELECT value FROM json_each(?))"
 # an applied event recorded as forgotten (its change set id is the forget's, ``f_...``) is bookkeeping, not memory
 MEMORIZED = "change_set_id NOT LIKE 'f\\_%' ESCAPE '\\'"
 # theses newest first (world clock, then ingest clock); id makes ties deterministic
@@ -26,7 +34,7 @@ def _prefixed(columns: str, alias: str) -> str:
 
 def get_vertices(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> dict[str, Vertex]:
     rows = conn.execute(
-        f"SELECT {VERTEX_COLUMNS} FROM vertices WHERE user_id = ? AND id IN {_IN_LIST}", (user_id, json_list(ids))
+        f"SELECT {VERTEX_COLUMNS} FROM vertices WHERE user_id = ? AND id IN {IN_LIST}", (user_id, json_list(ids))
     )
     return {row[0]: row_vertex(row) for row in rows}
 
@@ -36,7 +44,7 @@ def find_objects(conn: apsw.Connection, user_id: str, normalized_names: Sequence
         # INDEXED BY: for ORDER BY id the planner preferred the primary key and read every object of the user
         # (a json_each list has no size it can see); by name it reads only the names asked for
         f"SELECT {VERTEX_COLUMNS} FROM vertices INDEXED BY vertices_by_name "
-        f"WHERE user_id = ? AND kind = 'object' AND norm_name IN {_IN_LIST} ORDER BY id",
+        f"WHERE user_id = ? AND kind = 'object' AND norm_name IN {IN_LIST} ORDER BY id",
         (user_id, json_list(normalized_names)),
     )
     found: dict[str, Vertex] = {}
@@ -67,7 +75,7 @@ def neighbors(
     # the far end's kind is checked before the ranking, so the limit counts only the edges asked for
     far_out, far_in, far_params = "", "", list[Any]()
     if far_kinds is not None:
-        far = f"SELECT 1 FROM vertices v WHERE v.user_id = e.user_id AND v.id = e.{{}} AND v.kind IN {_IN_LIST}"
+        far = f"SELECT 1 FROM vertices v WHERE v.user_id = e.user_id AND v.id = e.{{}} AND v.kind IN {IN_LIST}"
         far_out, far_in = f" AND EXISTS ({far.format('target')})", f" AND EXISTS ({far.format('source')})"
         far_params = [json_list([VertexKind(kind).value for kind in far_kinds])]
     # one statement for the whole frontier: outgoing and incoming edges (a self-loop only once), ranked per
@@ -78,10 +86,10 @@ def neighbors(
         WITH frontier (vid, pos) AS (SELECT value, key FROM json_each(?)),
         hits AS (
             SELECT f.pos, e.* FROM frontier f CROSS JOIN edges e ON e.user_id = ? AND e.source = f.vid
-            WHERE e.kind IN {_IN_LIST}{far_out}
+            WHERE e.kind IN {IN_LIST}{far_out}
             UNION ALL
             SELECT f.pos, e.* FROM frontier f CROSS JOIN edges e ON e.user_id = ? AND e.target = f.vid
-            WHERE e.kind IN {_IN_LIST} AND e.source != e.target{far_in}
+            WHERE e.kind IN {IN_LIST} AND e.source != e.target{far_in}
         ),
         ranked AS ({_RANKED if limit_per_vertex is not None else "SELECT * FROM hits"})
         SELECT {_prefixed(EDGE_COLUMNS, "r")}, {_prefixed(VERTEX_COLUMNS, "s")}, {_prefixed(VERTEX_COLUMNS, "t")}
@@ -121,7 +129,7 @@ def get_triplets(conn: apsw.Connection, user_id: str, edge_ids: Sequence[str]) -
         FROM edges e
         JOIN vertices s ON s.user_id = e.user_id AND s.id = e.source
         JOIN vertices t ON t.user_id = e.user_id AND t.id = e.target
-        WHERE e.user_id = ? AND e.id IN {_IN_LIST}
+        WHERE e.user_id = ? AND e.id IN {IN_LIST}
     """
     start, end = N_EDGE_COLUMNS, N_EDGE_COLUMNS + N_VERTEX_COLUMNS
     return {
@@ -144,8 +152,8 @@ def valid_theses(conn: apsw.Connection, user_id: str, about: Sequence[str] | Non
     rows = conn.execute(
         f"""SELECT {VERTEX_COLUMNS} FROM vertices
             WHERE user_id = ? AND kind = 'thesis' AND t_invalid IS NULL AND id IN (
-                SELECT target FROM edges WHERE user_id = ? AND source IN {_IN_LIST}
-                UNION SELECT source FROM edges WHERE user_id = ? AND target IN {_IN_LIST})
+                SELECT target FROM edges WHERE user_id = ? AND source IN {IN_LIST}
+                UNION SELECT source FROM edges WHERE user_id = ? AND target IN {IN_LIST})
             {_THESIS_ORDER} LIMIT ?""",
         (user_id, user_id, objects, user_id, objects, limit),
     )
@@ -163,7 +171,7 @@ def valid_theses_each(
 
 def seen_events(conn: apsw.Connection, user_id: str, event_ids: Sequence[str]) -> set[str]:
     rows = conn.execute(
-        f"SELECT event_id FROM applied_events WHERE user_id = ? AND event_id IN {_IN_LIST}",
+        f"SELECT event_id FROM applied_events WHERE user_id = ? AND event_id IN {IN_LIST}",
         (user_id, json_list(event_ids)),
     )
     return {row[0] for row in rows}
@@ -195,7 +203,7 @@ def stats(conn: apsw.Connection, user_id: str) -> Stats:
 def pending_announcements(conn: apsw.Connection, user_id: str, event_ids: Sequence[str]) -> list[Announcement]:
     rows = conn.execute(
         "SELECT announcement FROM pending_announcements WHERE user_id = ? AND change_set_id IN "
-        f"(SELECT change_set_id FROM applied_events WHERE user_id = ? AND event_id IN {_IN_LIST}) ORDER BY rowid",
+        f"(SELECT change_set_id FROM applied_events WHERE user_id = ? AND event_id IN {IN_LIST}) ORDER BY rowid",
         (user_id, user_id, json_list(event_ids)),
     )
     return [Announcement.model_validate_json(str(row[0])) for row in rows]
@@ -213,7 +221,7 @@ def episodes(conn: apsw.Connection, user_id: str, match: Mapping[str, str] | Non
 def invalidated_by(conn: apsw.Connection, user_id: str, thesis_ids: Sequence[str]) -> list[Vertex]:
     rows = conn.execute(
         f"SELECT {VERTEX_COLUMNS} FROM vertices WHERE user_id = ? AND kind = 'thesis' "
-        f"AND invalidated_by IN {_IN_LIST} ORDER BY id",
+        f"AND invalidated_by IN {IN_LIST} ORDER BY id",
         (user_id, json_list(thesis_ids)),
     )
     return [row_vertex(row) for row in rows]

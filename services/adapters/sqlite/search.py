@@ -12,7 +12,7 @@ import numpy as np
 
 from services.ports import VectorHit
 
-from .codec import blob_vector, fts_match, json_list, vector_blob
+from .codec import IN_LIST, blob_vector, fts_match, json_list, vector_blob
 from .follow import item_ids
 from .signs import SignIndex
 from .terms import TermIndex
@@ -23,7 +23,6 @@ VEC_MAX_K = 4096  # vec0's limit on k
 # real sets (whole-conversation LoCoMo evidence recall@5/@10/@20, 2Wiki chains) and a third less to rank and
 # re-rank for a big user (docs/benchmarks.md, "4 December, night")
 HYBRID_DEPTH = 2
-_IN_LIST = "(SELECT value FROM json_each(?))"
 
 #: (id, score) best first: hits without a model each, for the rankings a hybrid search fuses (a flat retrieval's
 #: two rankings are 540 deep each; a validated ``VectorHit`` a hit took a tenth of a question's time at 1M)
@@ -40,10 +39,10 @@ def _filters(
     """Kind and id filters shared by both searches; an empty ``kinds`` means every kind."""
     sql, params = "", list[object]()
     if kinds:
-        sql += f" AND {alias}.kind IN {_IN_LIST}"
+        sql += f" AND {alias}.kind IN {IN_LIST}"
         params.append(json_list(kinds))
     if restrict_to is not None:
-        sql += f" AND {alias}.rowid IN (SELECT item_no FROM items WHERE user_id = ? AND id IN {_IN_LIST})"
+        sql += f" AND {alias}.rowid IN (SELECT item_no FROM items WHERE user_id = ? AND id IN {IN_LIST})"
         params.extend([user_id, json_list(restrict_to)])
     return sql, params
 

@@ -16,6 +16,7 @@ from services.validity import reopened
 
 from .codec import (
     EDGE_COLUMNS,
+    IN_LIST,
     N_EDGE_COLUMNS,
     N_VERTEX_COLUMNS,
     VERTEX_COLUMNS,
@@ -200,7 +201,7 @@ def forget_values(conn: apsw.Connection, user_id: str, event_ids: Sequence[str] 
         else:
             rows = conn.execute(
                 "SELECT DISTINCT key FROM cache.kv_sources WHERE user_id = ? "
-                "AND (event_id = '' OR event_id IN (SELECT value FROM json_each(?)))",
+                f"AND (event_id = '' OR event_id IN {IN_LIST})",
                 (user_id, json_list(event_ids)),
             )
         keys = [str(row[0]) for row in rows]
@@ -213,7 +214,7 @@ def _unindex(conn: apsw.Connection, user_id: str, ids: Sequence[str]) -> None:
     """Drop indexed texts: their row, vector and FTS5 terms (an external-content FTS5 row is deleted by value)."""
     key = user_key(user_id)
     rows = conn.execute(
-        "SELECT item_no, text, kind FROM items WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
+        f"SELECT item_no, text, kind FROM items WHERE user_id = ? AND id IN {IN_LIST}",
         (user_id, json_list(ids)),
     ).fetchall()
     if rows:
