@@ -268,6 +268,42 @@ async def test_new_names_of_one_batch_resolve_against_each_other(open_memory: An
     assert (await memory.store.find_objects(ADA, ["mel"]))["mel"].alias_of == ids.object_id(ADA, "Melanie")
 
 
+class CountedSearches:
+    """The vector store, counting the entity step's searches: dense ones one by one, dense ones together, lexical."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.dense_one: list[int] = []
+        self.dense_many: list[int] = []
+        self.lexical: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def search(self, user_id: str, kinds: Any, vector: Any, text: Any, k: int = 10) -> Any:
+        if vector is not None:
+            self.dense_one.append(1)
+        if text is not None:
+            self.lexical.append(text)
+        return await self.inner.search(user_id, kinds, vector, text, k)
+
+    async def search_many(self, user_id: str, kinds: Any, vectors: Any, k: int = 10) -> Any:
+        self.dense_many.append(len(vectors))
+        return await self.inner.search_many(user_id, kinds, vectors, k)
+
+
+async def test_the_new_names_of_a_batch_are_searched_in_one_dense_read(open_memory: Any) -> None:
+    memory = await open_memory("reads")
+    await memory.said([chat(1, "Melanie paints landscapes."), chat(2, "Rosalind teaches violin.")])
+    counted = memory.memorize.entities.vectors = CountedSearches(memory.memorize.entities.vectors)
+    await memory.said([chat(3, "Mel went camping at Lake Tahoe."), chat(4, "Rosalin moved to Lyon.")])
+    new_names = ["Lake Tahoe", "Lyon", "Mel", "Rosalin"]
+    assert counted.dense_many == [len(new_names)] and counted.dense_one == []  # one read for the batch's names
+    assert sorted(counted.lexical) == new_names  # and each name's words, sent at once
+    # the same pairs as one search each found: both confirmed in the batch's one call
+    assert sorted(memory.judge.asked[-1]) == [("Mel", "Melanie"), ("Rosalin", "Rosalind")]
+
+
 async def test_a_failed_confirmation_merges_nothing_and_is_counted(open_memory: Any) -> None:
     memory = await open_memory("failed")
     memory.judge.broken = True

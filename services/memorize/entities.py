@@ -21,6 +21,7 @@ undone (``services.memorize.unmerge``). An alias once recorded resolves by its e
 
 from __future__ import annotations
 
+import asyncio
 import unicodedata
 from dataclasses import dataclass, replace
 
@@ -34,7 +35,7 @@ from services.logging import get_logger
 from services.memorize.builder import ALIAS_ENDS
 from services.memorize.entity_task import NamePair, SameEntityTask, Verdict
 from services.memorize.extraction import Alias, Fact, ItemFacts
-from services.ports import LLM, Embedder, GraphStore, VectorStore
+from services.ports import LLM, Embedder, GraphStore, VectorHit, VectorStore
 from services.retrieval.common import is_literal
 from services.settings import Settings
 from services.similarity import cosine
@@ -152,17 +153,25 @@ class EntityResolver:
         """Candidate pairs of each new name, best first, at most ``entity_candidates`` per name."""
         keys = sorted(new)
         vectors = dict(zip(keys, await self.embedder.embed([new[k] for k in keys]), strict=True))
-        pooled: dict[str, set[str]] = {}
-        for key in keys:
-            hits = await self.vectors.search(user_id, [VertexKind.OBJECT.value], vectors[key], None, k=_POOL)
+        objects = [VertexKind.OBJECT.value]
+
+        async def lexical(key: str) -> list[VectorHit]:
             try:
-                hits += await self.vectors.search(user_id, [VertexKind.OBJECT.value], None, new[key], k=_POOL)
+                return await self.vectors.search(user_id, objects, None, new[key], k=_POOL)
             except Exception:  # a name the lexical index cannot parse still has its dense candidates
                 log.warning("entity_lexical_search_failed", user_id=user_id, name=new[key], exc_info=True)
-            pooled[key] = {h.id for h in hits}
+                return []
+
+        # the batch's names searched together: one dense read for all of them, the lexical ones sent at once
+        dense, by_words = await asyncio.gather(
+            self.vectors.search_many(user_id, objects, [vectors[k] for k in keys], k=_POOL),
+            asyncio.gather(*(lexical(key) for key in keys)),
+        )
+        pooled = {key: {h.id for h in [*near, *words]} for key, near, words in zip(keys, dense, by_words, strict=True)}
         wanted = sorted({i for hits in pooled.values() for i in hits} | {v.id for v in exact.values()})
-        found = await self.graph.get_vertices(user_id, wanted)
-        stored = await self.vectors.get_vectors(user_id, wanted)
+        found, stored = await asyncio.gather(
+            self.graph.get_vertices(user_id, wanted), self.vectors.get_vectors(user_id, wanted)
+        )
         canonical = await self.graph.get_vertices(user_id, sorted({v.alias_of for v in found.values() if v.alias_of}))
         known = [v for v in found.values() if v.kind is VertexKind.OBJECT and v.user_id == user_id]
         pairs: list[_Pair] = []
