@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.adapters.llamacpp.build import cpu_flags, unused_units
+from services.adapters.llamacpp.build import built_units, cmake_switches, cpu_flags, unused_units
 
 WHEEL = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 |"
 NATIVE = (
@@ -31,3 +31,14 @@ def test_cpu_flags_are_the_first_processors(tmp_path: Path) -> None:
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n\nprocessor\t: 1\nflags\t\t: fpu\n")
     assert cpu_flags(info) == {"fpu", "avx2", "avx512f"}
     assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_the_build_switches_come_from_the_same_table_as_the_check() -> None:
+    switches = cmake_switches(XEON)
+    assert switches[0] == "-DGGML_NATIVE=OFF"
+    assert "-DGGML_AVX512_VNNI=ON" in switches and "-DGGML_AVX_VNNI=ON" in switches and "-DGGML_AVX512=ON" in switches
+    assert "-DGGML_AVX512_BF16=OFF" in switches and "-DGGML_BMI2=OFF" in switches  # flags this CPU lacks
+    assert not any("AMX" in s for s in switches)  # AMX stays off (its kernels crashed at model load)
+    # a build with every switch the table turns on reports them all: the check then tells nothing
+    assert unused_units(NATIVE, XEON) == [] and {"AVX512_VNNI", "AVX2", "BMI2"} <= built_units(NATIVE)
+    assert "AVX512" not in built_units(WHEEL) and "AVX" in built_units(WHEEL)
