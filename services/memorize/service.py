@@ -439,8 +439,13 @@ class MemorizeService:
         same_as: dict[int, dict[int, str]] = {}
         texts = [thesis_text(fact) for _, _, fact in facts]
         k = 3 + self.settings.invalidation_candidates
-        # the whole batch's candidates in one read
-        hits = await self.vectors.search_many(user_id, [VertexKind.THESIS.value], [vectors[t] for t in texts], k=k)
+        # a candidate relates the same subject (``_rival``), and so does every thesis stating its relation edge: the
+        # subjects' theses are all that is read, beside the whole batch's nearest theses (one read each, together)
+        subjects = sorted({fact.subject for _, _, fact in facts})
+        hits, of_object = await asyncio.gather(
+            self.vectors.search_many(user_id, [VertexKind.THESIS.value], [vectors[t] for t in texts], k=k),
+            self.graph.valid_theses_each(user_id, [ids.object_id(user_id, e) for e in subjects], 200),
+        )
         near = [
             [(h.id, h.score) for h in found if h.id != ids.thesis_id(user_id, text)]
             for text, found in zip(texts, hits, strict=True)
@@ -456,10 +461,6 @@ class MemorizeService:
                 if old.t_invalid is None and old.props.get("subject") == fact.subject and same_kind:
                     same_as.setdefault(unit_n, {})[fact_n] = old.id
                     break
-        # a candidate relates the same subject (``_rival``), and so does every thesis stating its relation edge: the
-        # subjects' theses are all that is read
-        subjects = sorted({fact.subject for _, _, fact in facts})
-        of_object = await self.graph.valid_theses_each(user_id, [ids.object_id(user_id, e) for e in subjects], 200)
         about = {e: of_object[ids.object_id(user_id, e)] for e in subjects}
         # The batch's own earlier facts are candidates too, as they would be in a batch of their own: one batch may
         # hold the old state and the new ("I'm a chemistry teacher" in April, "I now work at Novagen" in September).
