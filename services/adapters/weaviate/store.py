@@ -239,6 +239,11 @@ class WeaviateVectorStore(VectorStore):
         finally:
             WEAVIATE_LATENCY.labels(op=op).observe(time.perf_counter() - started)
 
+    async def _writing(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
+        """A write's attempt keeps the whole ``timeout_s``: a write given up on keeps running in Weaviate while its
+        retry does it again (a tenant dropped twice at once left its buckets registered in 1.35)."""
+        return await self._retrying(op, call, attempt_s=self.timeout_s)
+
     async def _per_kind(
         self, user_id: str, kinds: Sequence[str], call: Callable[[CollectionAsync[Any, Any]], Awaitable[list[T]]]
     ) -> list[T]:
@@ -295,9 +300,7 @@ class WeaviateVectorStore(VectorStore):
             for start in range(0, len(kind_items), BATCH_SIZE)
         ]
         if batches:
-            await self._retrying(
-                "upsert", lambda: asyncio.gather(*(write(k, b) for k, b in batches)), attempt_s=self.timeout_s
-            )
+            await self._writing("upsert", lambda: asyncio.gather(*(write(k, b) for k, b in batches)))
 
     async def delete(self, user_id: str, ids: Sequence[str]) -> None:
         """Remove these items from this user's tenants (each from the collection its id's prefix names; ids of
@@ -319,9 +322,7 @@ class WeaviateVectorStore(VectorStore):
                 await self._per_kind(user_id, [kind], one)
 
         if routed:
-            await self._retrying(
-                "delete", lambda: asyncio.gather(*(drop(k, i) for k, i in routed.items())), attempt_s=self.timeout_s
-            )
+            await self._writing("delete", lambda: asyncio.gather(*(drop(k, i) for k, i in routed.items())))
 
     async def delete_user(self, user_id: str) -> None:
         """Drop this user's tenant from every collection."""
@@ -330,11 +331,7 @@ class WeaviateVectorStore(VectorStore):
         async def drop(kind: str) -> None:
             await self.client.collections.get(collection_name(self.prefix, kind)).tenants.remove([tenant])
 
-        # A write's whole timeout: dropping a tenant on a busy server can outlast a query attempt, and an attempt
-        # given up on keeps running there while the retry drops the same tenant again.
-        await self._retrying(
-            "delete_user", lambda: asyncio.gather(*(drop(kind) for kind in KIND_SUFFIX)), attempt_s=self.timeout_s
-        )
+        await self._writing("delete_user", lambda: asyncio.gather(*(drop(kind) for kind in KIND_SUFFIX)))
 
     # -- VectorStore ------------------------------------------------------------------------------------------------
 
