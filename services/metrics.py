@@ -37,6 +37,10 @@ FORGETS = Counter("memstream_forgets_total", "Forget tombstones applied", ["scop
 FORGOTTEN = Counter("memstream_forgotten_total", "What forgets removed or repaired", ["what"])
 MEMORIZE_CHANGES = Counter("memstream_memorize_changes_total", "Vertices/edges written", ["what"])
 EXTRACTION_FAILURES = Counter("memstream_extraction_failures_total", "Extraction calls that failed", ["reason"])
+EXTRACTION_REPEATS = Counter(
+    "memstream_extraction_repeats_total",
+    "Extraction calls stopped at a fact the model had already written for the batch (the rest asked for again)",
+)
 LLM_REJECTED = Counter(
     "memstream_llm_rejected_outputs_total",
     "Model outputs rejected by their task's checks (never cached)",

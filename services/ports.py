@@ -245,7 +245,21 @@ class LLMMessage(BaseModel):
     content: str
 
 
+class StopRule(ABC):
+    """Ends a generation early: called with the whole output so far at every new piece of text, ``True`` stops it
+    (``LLMResponse.finish_reason`` "stop_rule", the text so far returned). A caller that reads the output applies the
+    same rule to it, so a backend that cannot stop mid-way gives the same result, only later. ``key`` names all it
+    decides on: two rules with equal keys stop the same text at the same place (cache keys include it)."""
+
+    key: str
+
+    @abstractmethod
+    def __call__(self, text: str) -> bool: ...
+
+
 class LLMRequest(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
     task: str = Field(description="Which LLM task asks (extract, plan, ner, ...): for metrics, cache and logs.")
     messages: list[LLMMessage]
     json_schema: dict[str, Any] | None = Field(default=None, description="Constrain output to this JSON schema.")
@@ -266,6 +280,8 @@ class LLMRequest(BaseModel):
     #: all of it). A retry starts again from "", so a listener shows the latest text, never a concatenation.
     #: Not part of what determines the answer (cache keys ignore it) and never serialised.
     on_text: Callable[[str], None] | None = Field(default=None, exclude=True, repr=False)
+    #: Stops the generation where this rule says (its ``key`` is in the cache key); never serialised.
+    stop_when: StopRule | None = Field(default=None, exclude=True, repr=False)
 
 
 class LLMResponse(BaseModel):

@@ -81,6 +81,11 @@ class Settings(BaseSettings):
         "sentence (half the generated tokens); json: every field keyed (the design before 4 December); lines: the "
         "compact fields as text lines under a grammar (llama.cpp only)",
     )
+    extraction_stop_repeats: bool = Field(
+        default=True,
+        description="stop an extraction call at a fact it already wrote for the batch and ask for the rest in a "
+        "second call with the same prompt (compact output; greedy decoding repeats facts, a quarter of its tokens)",
+    )
     document_chunk_chars: int = Field(default=1500, ge=200)
     document_part_tokens: int = Field(
         default=300, ge=50, description="an uploaded file (Markdown, HTML, PDF) is cut into parts of this many tokens"

@@ -54,8 +54,8 @@ class LLMLayer(LLM):
 
 
 def cache_key(model: str, request: LLMRequest, user_id: str | None = None) -> str:
-    """What determines the answer: model, messages, schema, token limit, temperature (not task or metadata), and
-    the user it is for: two users' equal prompts never share an entry."""
+    """What determines the answer: model, messages, schema, token limit, temperature, the rule that may stop it
+    early (not task or metadata), and the user it is for: two users' equal prompts never share an entry."""
     payload = {
         "user": user_id,
         "model": model,
@@ -65,6 +65,7 @@ def cache_key(model: str, request: LLMRequest, user_id: str | None = None) -> st
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
         "seed": request.seed,
+        "stop": request.stop_when.key if request.stop_when is not None else None,
     }
     encoded = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return "llm:" + hashlib.sha256(encoded.encode()).hexdigest()

@@ -70,18 +70,36 @@ class ScriptedLLM(LLM):
                 text = reply if isinstance(reply, str) else json.dumps(reply)
             else:
                 raise LookupError(f"scripted LLM has no reply for task {request.task!r}")
+            text, stopped = _stopped(text, request, self.piece_chars)
             if self.stream and request.on_text is not None:
                 await self._stream(text, request.on_text)
         finally:
             self.in_flight -= 1
         prompt = sum(len(m.content) for m in request.messages)
-        return LLMResponse(text=text, model=self.model, tokens_in=prompt // 4, tokens_out=len(text) // 4)
+        return LLMResponse(
+            text=text,
+            model=self.model,
+            tokens_in=prompt // 4,
+            tokens_out=len(text) // 4,
+            finish_reason="stop_rule" if stopped else None,
+        )
 
     async def _stream(self, text: str, on_text: Callable[[str], None]) -> None:
         for end in range(self.piece_chars, len(text) + self.piece_chars, self.piece_chars):
             await asyncio.sleep(self.piece_delay_s)  # the model's time per piece; a cancel lands here
             on_text(text[:end])
             self.pieces_sent += 1
+
+
+def _stopped(text: str, request: LLMRequest, piece_chars: int) -> tuple[str, bool]:
+    """The reply as a model stopped by ``request.stop_when`` would give it: cut after the first piece at which the
+    rule fires (pieces of ``piece_chars``, as it streams)."""
+    if request.stop_when is None:
+        return text, False
+    for end in range(piece_chars, len(text) + piece_chars, piece_chars):
+        if request.stop_when(text[:end]):
+            return text[:end], True
+    return text, False
 
 
 def load_scripted_llm(spec: str) -> LLM:

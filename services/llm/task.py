@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from services.logging import get_logger
 from services.metrics import LLM_REJECTED
-from services.ports import LLM, LLMMessage, LLMRequest
+from services.ports import LLM, LLMMessage, LLMRequest, StopRule
 
 log = get_logger(__name__)
 
@@ -131,9 +131,11 @@ async def run_task(
     inputs: Any,
     attempts: int = 3,
     on_text: Callable[[str], None] | None = None,
+    stop_when: StopRule | None = None,
 ) -> TaskResult[T]:
     """Ask, validate, retry with the error shown. Only an accepted output is cached (``llm.accept``).
-    ``on_text``: streaming listener (``LLMRequest.on_text``); a retry starts its text again from ""."""
+    ``on_text``: streaming listener (``LLMRequest.on_text``); a retry starts its text again from "".
+    ``stop_when``: ends each attempt early (``LLMRequest.stop_when``); the task's ``parse`` reads what came."""
     messages = task.messages(inputs)
     grammar = task.grammar(inputs)
     schema = None if grammar is not None else task.json_schema(inputs)
@@ -153,6 +155,7 @@ async def run_task(
             validated=True,
             metadata={"attempt": str(attempt)},
             on_text=on_text,
+            stop_when=stop_when,
         )
         if on_text is not None and attempt > 1:
             on_text("")

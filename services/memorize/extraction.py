@@ -19,21 +19,22 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from services import ids
-from services.llm.task import LLMTask, TaskOutputError, load_json_object
-from services.memorize import compact, lines
+from services import ids, metrics
+from services.llm.task import LLMTask, TaskOutputError, load_json_object, run_task
+from services.memorize import compact, lines, repeats
 from services.memorize.attribution import MIN_GROUNDING, Speakers, check_fact, grounding
 from services.memorize.chunking import sentences
 from services.memorize.facts import Alias, ExtractionInput, Fact, Item, ItemFacts
 from services.memorize.when import When, resolve, sounds_future, time_words
 
 __all__ = ["Alias", "ExtractTask", "ExtractionInput", "Fact", "Item", "ItemFacts"]
-from services.ports import LLMMessage
+from services.ports import LLM, LLMMessage, StopRule
 
 MAX_FACTS_PER_MESSAGE = 3
 #: "compact": positional facts, subject and relation derived in code (the default; ``services.memorize.compact``);
@@ -234,11 +235,16 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
     #: per message at most 4 facts of ~60 tokens; the schema bounds every string, so this limit is never the stop
     max_tokens = 2048
 
-    def __init__(self, *, example: bool = True, output: str = "compact") -> None:
+    def __init__(self, *, example: bool = True, output: str = "compact", stop_repeats: bool = True) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"unknown extraction output {output!r}; known: {OUTPUTS}")
         self.example = example
         self.output = output
+        #: stop a call at a fact it already wrote (``services.memorize.repeats``; the compact output's shapes)
+        self.stops_repeats = stop_repeats and output == "compact"
+
+    def stop_rule(self, inputs: ExtractionInput) -> StopRule | None:
+        return repeats.RepeatStop(inputs.said) if self.stops_repeats else None
 
     def messages(self, inputs: ExtractionInput) -> list[LLMMessage]:
         system, example = {
@@ -265,7 +271,7 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         if not isinstance(inputs, ExtractionInput):
             return schema
         if self.output in ("compact", "lines"):
-            return compact.output_schema(_labels(inputs), MAX_FACTS_PER_MESSAGE)
+            return compact.output_schema(_labels(inputs)[inputs.start :], MAX_FACTS_PER_MESSAGE)
         entry = schema["$defs"]["MessageFactsOut"]
         count = len(inputs.items)
         # Each entry opens with the message's speaker and first words, fixed by the grammar: writing them puts the
@@ -298,7 +304,7 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         if self.output == "lines" and lines.is_lines(text):
             data: Any = lines.to_compact(text, _labels(inputs))
         else:
-            data = load_json_object(text)
+            data = load_json_object(repeats.before_repeat(text, inputs.said) if self.stops_repeats else text)
         if not compact.is_compact(data):
             # the keyed shape is read in either mode: scripted replies and outputs cached before the compact one
             return super().parse(text, inputs)
@@ -348,3 +354,37 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         if best != n and share >= MIN_GROUNDING and (own < MIN_GROUNDING or share >= 2 * own):
             return best
         return n
+
+
+async def extract_batch(
+    llm: LLM, task: ExtractTask, data: ExtractionInput, *, attempts: int
+) -> tuple[list[ItemFacts], int]:
+    """A batch's facts, message by message, and the calls made: one extraction call, and while a call stopped at a
+    fact it had already written, another from the first message left unanswered, with the same prompt (nothing
+    read again) and the facts written so far named to it (``services.memorize.repeats``). Every call answers at
+    least its first message, so there are at most as many calls as messages."""
+    found = [ItemFacts(answered=False) for _ in data.items]
+    calls = 0
+    part = data
+    while True:
+        result = await run_task(llm, task, part, attempts=attempts, stop_when=task.stop_rule(part))
+        calls += result.calls
+        for mine, new in zip(found, result.value, strict=True):
+            _merge(mine, new)
+        text = result.raw[-1]
+        if not task.stops_repeats or repeats.find(text, part.said) is None:
+            return found, calls  # a message the model skipped otherwise is the caller's to ask about again
+        metrics.EXTRACTION_REPEATS.inc()
+        unanswered = next((n for n in range(part.start, len(found)) if not found[n].answered), None)
+        if unanswered is None:
+            return found, calls
+        written = repeats.facts_in(repeats.before_repeat(text, part.said))
+        part = replace(data, start=unanswered, said=(*part.said, *written))
+
+
+def _merge(mine: ItemFacts, new: ItemFacts) -> None:
+    """``new``'s facts into ``mine`` (a fact a later call moved to an earlier message joins what it had)."""
+    mine.answered = mine.answered or new.answered
+    known = {ids.normalize_text(f.text) for f in mine.facts}
+    mine.facts += [f for f in new.facts if ids.normalize_text(f.text) not in known]
+    mine.dropped += new.dropped

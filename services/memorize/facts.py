@@ -27,6 +27,11 @@ class ExtractionInput:
     items: list[Item]
     #: everyone taking part in the conversation, as far as memorize knows: resolves "you" and misattribution
     participants: tuple[str, ...] = ()
+    #: the first item asked for: the items before it are shown (the prompt stays the same) but were answered by an
+    #: earlier call that stopped at a repeated fact (``services.memorize.repeats``)
+    start: int = 0
+    #: the fact sentences those earlier calls wrote: writing one again stops this call too
+    said: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from services.memorize.builder import (
 )
 from services.memorize.chunking import chunk_text
 from services.memorize.entities import EntityResolver
-from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts
+from services.memorize.extraction import ExtractionInput, ExtractTask, Fact, Item, ItemFacts, extract_batch
 from services.memorize.labels import keeps
 from services.memorize.resolve import Pair, ResolveTask
 from services.memorize.resolve_check import CheckTask
@@ -205,7 +205,9 @@ class MemorizeService:
         *,
         extract_task: ExtractTask | None = None,
     ) -> None:
-        self.extract_task = extract_task or ExtractTask(output=settings.extraction_output)
+        self.extract_task = extract_task or ExtractTask(
+            output=settings.extraction_output, stop_repeats=settings.extraction_stop_repeats
+        )
         self.graph = stores.graph
         self.vectors = stores.vectors
         self.writer = stores.writer
@@ -395,10 +397,12 @@ class MemorizeService:
             data = ExtractionInput(items=[u.item for u in batch], participants=participants)
             # the cached extraction is filed under the events it read, so forgetting one of them removes it
             with llm_scope(batch[0].event.user_id, (u.event.event_id for u in batch)):
-                result = await run_task(self.llm, self.extract_task, data, attempts=self.settings.extraction_attempts)
-            calls += result.calls
+                value, made = await extract_batch(
+                    self.llm, self.extract_task, data, attempts=self.settings.extraction_attempts
+                )
+            calls += made
             metrics.MEMORIZE_BATCH_SIZE.observe(len(batch))
-            missing = [n for n, f in enumerate(result.value) if not f.answered]
+            missing = [n for n, f in enumerate(value) if not f.answered]
             if missing:
                 again = ExtractionInput(items=[batch[n].item for n in missing], participants=participants)
                 with llm_scope(batch[0].event.user_id, (batch[n].event.event_id for n in missing)):
@@ -407,8 +411,8 @@ class MemorizeService:
                     )
                 calls += retry.calls
                 for n, facts in zip(missing, retry.value, strict=True):
-                    result.value[n] = facts
-            found.extend(result.value)
+                    value[n] = facts
+            found.extend(value)
         return found, calls
 
     def _batches(self, units: list[_Unit]) -> list[list[_Unit]]:

@@ -23,7 +23,7 @@ import xllamacpp
 from services.adapters.llamacpp.build import cpu_flags, unused_units
 from services.adapters.llamacpp.threads import CoreWatch, choose_threads
 from services.logging import get_logger
-from services.ports import LLM, LLMRequest, LLMResponse
+from services.ports import LLM, LLMRequest, LLMResponse, StopRule
 
 log = get_logger(__name__)
 
@@ -61,7 +61,9 @@ class Completion:
     tokens_out: int = 0
     error: str | None = None
     chunks: int = 0
+    pieces: int = 0  # content deltas: one a generated token, the count when a stop leaves no usage figures
     cancelled: bool = False
+    stopped: bool = False  # by the request's stop rule
     #: llama.cpp's own figures: prompt_n (prompt tokens evaluated), cache_n (served from the KV cache),
     #: predicted_n, prompt_ms, predicted_ms, draft_n / draft_n_accepted (speculative decoding)
     timings: dict[str, float] = field(default_factory=dict)
@@ -132,10 +134,11 @@ class Engine:
         cancel: threading.Event | None = None,
         progress: Progress | None = None,
         on_text: Callable[[str], None] | None = None,
+        stop_when: StopRule | None = None,
     ) -> Completion:
         """Run one chat completion (blocking). Streams internally so ``cancel`` can stop it between tokens;
         ``progress`` is stamped when the engine starts on it and at every chunk, for a stall watchdog; ``on_text``
-        gets the text so far at every new piece, on the engine's thread."""
+        gets the text so far at every new piece, on the engine's thread; ``stop_when`` ends it where it says."""
         result = Completion()
         if progress is not None:
             progress.started = progress.last = time.monotonic()
@@ -160,8 +163,13 @@ class Engine:
                     # reasoning_content (a parsed think block) is deliberately ignored: only the answer counts
                     if delta.get("content"):
                         pieces.append(delta["content"])
+                        result.pieces += 1
+                        text = "".join(pieces)
                         if on_text is not None:
-                            on_text("".join(pieces))
+                            on_text(text)
+                        if stop_when is not None and stop_when(text):
+                            result.stopped = True
+                            return True
                     if choice.get("finish_reason"):
                         result.finish_reason = choice["finish_reason"]
                 if chunk.get("timings"):
@@ -190,6 +198,12 @@ class Engine:
         result.text = strip_think("".join(pieces))
         if result.cancelled:
             result.finish_reason = "cancelled"
+        elif result.stopped:
+            # no usage chunk comes after a stop: the figures are the last chunk's timings (``timings_per_token``)
+            result.finish_reason = "stop_rule"
+            prompt = result.timings.get("prompt_n", 0) + result.timings.get("cache_n", 0)
+            result.tokens_in = result.tokens_in or int(prompt)
+            result.tokens_out = result.tokens_out or int(result.timings.get("predicted_n", result.pieces))
         with self._count_lock:
             self.completed += 1
             self.cancelled += int(result.cancelled)
@@ -298,6 +312,8 @@ class LlamaCppLLM(LLM):
             # Qwen3-style templates think unless told not to; others ignore the flag.
             "chat_template_kwargs": {"enable_thinking": False},
         }
+        if request.stop_when is not None:
+            payload["timings_per_token"] = True  # a stopped generation gets no usage chunk: its counts come so
         if request.grammar is not None:
             payload["grammar"] = request.grammar
         elif request.json_schema is not None:
@@ -314,7 +330,9 @@ class LlamaCppLLM(LLM):
         progress = Progress(prompt_allowance_s=prompt_tokens / MIN_PROMPT_TOKENS_PER_S)
         listener = _on_loop(request.on_text)
         sent = time.monotonic()
-        job = asyncio.ensure_future(asyncio.to_thread(engine.chat, self.payload(request), cancel, progress, listener))
+        job = asyncio.ensure_future(
+            asyncio.to_thread(engine.chat, self.payload(request), cancel, progress, listener, request.stop_when)
+        )
         try:
             done = await self._watch(job, progress)
         finally:

@@ -52,7 +52,7 @@ class OllamaLLM(LLM):
     async def _chat(self, request: LLMRequest) -> ChatResponse:
         pieces: list[str] = []
         last: ChatResponse | None = None
-        async for chunk in await self.client.chat(
+        stream = await self.client.chat(
             model=self.model,
             messages=[{"role": m.role, "content": m.content} for m in request.messages],
             format=None if request.json_schema is None else ollama_schema(request.json_schema),
@@ -60,11 +60,18 @@ class OllamaLLM(LLM):
             options=self.options(request),
             keep_alive=self.keep_alive,
             stream=True,
-        ):
+        )
+        async for chunk in stream:
             pieces.append(chunk.message.content or "")
             if request.on_text is not None and chunk.message.content:
                 request.on_text("".join(pieces))
             last = chunk
+            if request.stop_when is not None and chunk.message.content and request.stop_when("".join(pieces)):
+                close = getattr(stream, "aclose", None)  # an async generator: closing it ends the HTTP stream,
+                if close is not None:  # and the server stops generating when its client goes
+                    await close()
+                last.done_reason = "stop_rule"  # no counts come before the last chunk: tokens are not reported
+                break
         if last is None:
             raise ConnectionError(f"Ollama at {self.host} closed the stream without a response")
         last.message.content = "".join(pieces)
