@@ -29,7 +29,7 @@ from services.backends import BackendUnavailable
 from services.llm.layers import RetryingLLM
 from services.llm.task import LLMTask, TaskFailed, run_task
 from services.memorize.extraction import ExtractionInput, ExtractTask, Item
-from services.ports import LLMMessage, LLMRequest
+from services.ports import LLMMessage, LLMRequest, StopRule
 
 SMALL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 LARGE = "qwen2.5-coder-1.5b-instruct-q4_k_m"
@@ -179,6 +179,27 @@ async def test_json_schema_output_validates(small_llm: LlamaCppLLM) -> None:
     again = await small_llm.complete(person_request())
     assert again.text == response.text
     assert again.prompt_reused >= again.tokens_in // 2
+
+
+class StopAt(StopRule):
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.key = f"at:{marker}"
+
+    def __call__(self, text: str) -> bool:
+        return self.marker in text
+
+
+@pytest.mark.model
+@pytest.mark.slow
+async def test_a_stop_rule_ends_the_generation_where_it_fires_with_its_counts(small_llm: LlamaCppLLM) -> None:
+    whole = await small_llm.complete(person_request())
+    assert '"age"' in whole.text and whole.text.index('"age"') < len(whole.text) - 10
+    stopped = await small_llm.complete(person_request().model_copy(update={"stop_when": StopAt('"age"')}))
+    assert stopped.finish_reason == "stop_rule"
+    assert stopped.text.startswith(whole.text[: whole.text.index('"age"')]) and '"city"' not in stopped.text
+    # no usage chunk follows a stop: the counts are the engine's own, from its per-token timings
+    assert 0 < stopped.tokens_out < whole.tokens_out and stopped.tokens_in == whole.tokens_in
 
 
 @pytest.mark.model
@@ -387,6 +408,20 @@ async def test_ollama_llm_json_schema() -> None:
     response = await llm.complete(person_request())
     assert Person.model_validate_json(response.text).age == 34
     assert response.tokens_out > 0 and response.finish_reason in {"stop", "length"}
+    await llm.close()
+
+
+@pytest.mark.server
+@needs_ollama
+async def test_ollama_llm_stops_where_a_stop_rule_fires() -> None:
+    host = ollama_host()
+    assert host is not None
+    model = os.environ.get("MEMSTREAM_OLLAMA_MODEL", "qwen2.5-coder:0.5b")
+    if model not in ollama_models(host):
+        pytest.skip(f"ollama has no model {model}")
+    llm = OllamaLLM(model, host=host, stall_timeout_s=120)
+    stopped = await llm.complete(person_request().model_copy(update={"stop_when": StopAt('"age"')}))
+    assert stopped.finish_reason == "stop_rule" and '"age"' in stopped.text and '"city"' not in stopped.text
     await llm.close()
 
 

@@ -611,12 +611,12 @@ class MemorizeService:
         Asked of the vector index, not the graph: with a remote store the graph write may have landed before a
         crash and the vector write not, and the replay must still index them."""
         user_id = change_set.user_id
-        existing = await self.graph.get_vertices(user_id, [v.id for v in change_set.vertices])
-        names = {v.id: v.name for v in change_set.vertices} | {k: v.name for k, v in existing.items()}
         relations = [e for e in change_set.edges if e.kind is EdgeKind.RELATION]
-        indexed = await self.vectors.get_vectors(
-            user_id, [v.id for v in change_set.vertices] + [e.id for e in relations]
+        existing, indexed = await asyncio.gather(  # one read of each store, together
+            self.graph.get_vertices(user_id, [v.id for v in change_set.vertices]),
+            self.vectors.get_vectors(user_id, [v.id for v in change_set.vertices] + [e.id for e in relations]),
         )
+        names = {v.id: v.name for v in change_set.vertices} | {k: v.name for k, v in existing.items()}
         entries: list[tuple[str, str, str]] = [
             (v.id, v.kind.value, names[v.id][:2000]) for v in change_set.vertices if v.id not in indexed
         ]
