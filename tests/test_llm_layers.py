@@ -15,7 +15,7 @@ from services.backends import BackendUnavailable
 from services.llm.factory import build_adapter, build_embedder, build_llm
 from services.llm.gate import RankedGate
 from services.llm.layers import CachedLLM, LimitedLLM, MeteredLLM, RetryingLLM, attempts_made, cache_key
-from services.llm.scope import background_calls, sent_ahead
+from services.llm.scope import background_calls, held_slot, sent_ahead
 from services.llm.scripted import ScriptedLLM
 from services.llm.task import LLMTask, TaskFailed, run_task
 from services.ports import LLM, CacheScope, KeyValueCache, LLMMessage, LLMRequest, LLMResponse
@@ -292,6 +292,54 @@ async def test_a_background_call_needed_now_goes_before_calls_sent_ahead() -> No
     await asyncio.gather(first, check, *later)
     # the check, queued last, went first; those sent ahead kept their order
     assert held.arrived == ["extract 1", "check 1", "extract 2", "extract 3"]
+
+
+async def test_calls_in_a_held_slot_run_back_to_back_before_a_waiting_call() -> None:
+    """An extraction stopped at a repeat is continued by a second call with the same prompt: it must get the slot
+    straight back (the engine slot holding its prompt), not after a call that was waiting for one."""
+    scripted = ScriptedLLM({"t": lambda r: "ok"})
+    order: list[str] = []
+    turn = asyncio.Event()
+
+    class Recording(LLM):
+        model = "recording"
+
+        async def complete(self, request: LLMRequest) -> LLMResponse:
+            order.append(request.messages[-1].content)
+            if request.messages[-1].content == "part 1":
+                await turn.wait()
+            return await scripted.complete(request)
+
+    llm = LimitedLLM(Recording(), max_concurrency=1)
+
+    async def continued() -> None:
+        with held_slot():
+            await llm.complete(ask("part 1"))
+            await llm.complete(ask("part 2"))
+
+    first = asyncio.create_task(continued())
+    await wait_until(lambda: order == ["part 1"])
+    other = asyncio.create_task(llm.complete(ask("other")))
+    await wait_until(lambda: llm._slots.locked() and len(llm._slots._waiters or ()) == 1)
+    turn.set()
+    await asyncio.gather(first, other)
+    assert order == ["part 1", "part 2", "other"]
+    assert not llm._slots.locked()  # given back when the block ended
+    # without the hold, the waiting call goes between the two parts
+    order.clear()
+    turn.clear()
+
+    async def apart() -> None:
+        await llm.complete(ask("part 1"))
+        await llm.complete(ask("part 2"))
+
+    first = asyncio.create_task(apart())
+    await wait_until(lambda: order == ["part 1"])
+    other = asyncio.create_task(llm.complete(ask("other")))
+    await wait_until(lambda: len(llm._slots._waiters or ()) == 1)
+    turn.set()
+    await asyncio.gather(first, other)
+    assert order == ["part 1", "other", "part 2"]
 
 
 async def test_ranked_gate_lets_in_by_rank_then_arrival_and_skips_the_cancelled() -> None:

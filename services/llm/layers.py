@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import Counter
@@ -18,7 +19,7 @@ from pydantic import ValidationError
 
 from services.backends import RetryPolicy, refused, timed_out
 from services.llm.gate import RankedGate
-from services.llm.scope import current_scope, is_ahead, is_background
+from services.llm.scope import current_hold, current_scope, is_ahead, is_background
 from services.logging import get_logger
 from services.metrics import LLM_CACHE, LLM_CALLS, LLM_IN_FLIGHT, LLM_LATENCY, LLM_TOKENS
 from services.ports import LLM, CacheScope, KeyValueCache, LLMRequest, LLMResponse
@@ -176,25 +177,47 @@ class LimitedLLM(LLMLayer):
         self.max_in_flight = 0
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
-        if not is_background():
+        hold = current_hold()
+        if hold is not None and hold.owner is self:
+            return await self._run(request)  # the block's earlier call took the slot: it is still this one's
+        release = await self._enter()
+        if hold is not None:
+            hold.owner, hold.release = self, release  # given back when the block ends, not after this call
             return await self._run(request)
-        await self.background.acquire(rank=1 if is_ahead() else 0)
         try:
             return await self._run(request)
         finally:
-            self.background.release()
+            release()
+
+    async def _enter(self) -> Callable[[], None]:
+        """Take a slot (a background call also its place among the background ones); returns how to give it back."""
+        background = is_background()
+        if background:
+            await self.background.acquire(rank=1 if is_ahead() else 0)
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            if background:
+                self.background.release()
+            raise
+
+        def release() -> None:
+            self._slots.release()
+            if background:
+                self.background.release()
+
+        return release
 
     async def _run(self, request: LLMRequest) -> LLMResponse:
-        async with self._slots:
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-            gauge = LLM_IN_FLIGHT.labels(self.model)
-            gauge.inc()
-            try:
-                return await self.inner.complete(request)
-            finally:
-                self.in_flight -= 1
-                gauge.dec()
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        gauge = LLM_IN_FLIGHT.labels(self.model)
+        gauge.inc()
+        try:
+            return await self.inner.complete(request)
+        finally:
+            self.in_flight -= 1
+            gauge.dec()
 
 
 @dataclass

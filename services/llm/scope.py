@@ -7,7 +7,7 @@ cached extraction of it too. A context variable carries the scope, so the tasks 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 
@@ -62,3 +62,34 @@ def sent_ahead() -> AbstractContextManager[None]:
 
 def is_ahead() -> bool:
     return _AHEAD.get()
+
+
+class Hold:
+    """A concurrency slot kept across the calls of one block (``held_slot``): taken at the first call, given back
+    when the block ends (``LimitedLLM``)."""
+
+    def __init__(self) -> None:
+        self.owner: object | None = None  # the layer whose slot is held
+        self.release: Callable[[], None] | None = None
+
+
+_HOLD: ContextVar[Hold | None] = ContextVar("memstream_llm_hold", default=None)
+
+
+@contextmanager
+def held_slot() -> Iterator[Hold]:
+    """Calls made inside, one after another, share one concurrency slot: a call and the calls that continue it (an
+    extraction stopped at a repeat, then asked for the rest with the same prompt) run back to back in the engine
+    slot that holds their prompt, instead of giving it to a waiting call and reading the prompt again elsewhere."""
+    hold = Hold()
+    token = _HOLD.set(hold)
+    try:
+        yield hold
+    finally:
+        _HOLD.reset(token)
+        if hold.release is not None:
+            hold.release()
+
+
+def current_hold() -> Hold | None:
+    return _HOLD.get()

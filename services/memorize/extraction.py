@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from services import ids, metrics
+from services.llm.scope import held_slot
 from services.llm.task import LLMTask, TaskOutputError, load_json_object, run_task
 from services.memorize import compact, lines, repeats
 from services.memorize.attribution import MIN_GROUNDING, Speakers, check_fact, grounding
@@ -363,6 +364,13 @@ async def extract_batch(
     fact it had already written, another from the first message left unanswered, with the same prompt (nothing
     read again) and the facts written so far named to it (``services.memorize.repeats``). Every call answers at
     least its first message, so there are at most as many calls as messages."""
+    with held_slot():  # the calls that continue a stopped one find its prompt in the engine slot it used
+        return await _extract_parts(llm, task, data, attempts)
+
+
+async def _extract_parts(
+    llm: LLM, task: ExtractTask, data: ExtractionInput, attempts: int
+) -> tuple[list[ItemFacts], int]:
     found = [ItemFacts(answered=False) for _ in data.items]
     calls = 0
     part = data
