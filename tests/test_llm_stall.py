@@ -84,7 +84,9 @@ async def test_the_prompt_allowance_grows_with_the_prompt(monkeypatch: pytest.Mo
     seen: list[float] = []
 
     class Engine:
-        def chat(self, payload: object, cancel: object, progress: Progress, on_text: object = None) -> Completion:
+        def chat(
+            self, payload: object, cancel: object, progress: Progress, on_text: object = None, stop_when: object = None
+        ) -> Completion:
             seen.append(progress.prompt_allowance_s)
             return Completion(text="ok", finish_reason="stop")
 
