@@ -396,15 +396,20 @@ def ollama_models(host: str) -> set[str]:
 needs_ollama = pytest.mark.skipif(ollama_host() is None, reason="MEMSTREAM_OLLAMA_HOST not set or not reachable")
 
 
-@pytest.mark.server
-@needs_ollama
-async def test_ollama_llm_json_schema() -> None:
+def ollama_llm() -> OllamaLLM:
+    """The Ollama chat model the server tests ask (skipped where the server lacks it)."""
     host = ollama_host()
     assert host is not None
     model = os.environ.get("MEMSTREAM_OLLAMA_MODEL", "qwen2.5-coder:0.5b")
     if model not in ollama_models(host):
         pytest.skip(f"ollama has no model {model}")
-    llm = OllamaLLM(model, host=host, stall_timeout_s=120)
+    return OllamaLLM(model, host=host, stall_timeout_s=120)
+
+
+@pytest.mark.server
+@needs_ollama
+async def test_ollama_llm_json_schema() -> None:
+    llm = ollama_llm()
     response = await llm.complete(person_request())
     assert Person.model_validate_json(response.text).age == 34
     assert response.tokens_out > 0 and response.finish_reason in {"stop", "length"}
@@ -414,12 +419,7 @@ async def test_ollama_llm_json_schema() -> None:
 @pytest.mark.server
 @needs_ollama
 async def test_ollama_llm_stops_where_a_stop_rule_fires() -> None:
-    host = ollama_host()
-    assert host is not None
-    model = os.environ.get("MEMSTREAM_OLLAMA_MODEL", "qwen2.5-coder:0.5b")
-    if model not in ollama_models(host):
-        pytest.skip(f"ollama has no model {model}")
-    llm = OllamaLLM(model, host=host, stall_timeout_s=120)
+    llm = ollama_llm()
     stopped = await llm.complete(person_request().model_copy(update={"stop_when": StopAt('"age"')}))
     assert stopped.finish_reason == "stop_rule" and '"age"' in stopped.text and '"city"' not in stopped.text
     await llm.close()

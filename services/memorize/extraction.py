@@ -380,13 +380,14 @@ async def _extract_parts(
         for mine, new in zip(found, result.value, strict=True):
             _merge(mine, new)
         text = result.raw[-1]
-        if not task.stops_repeats or repeats.find(text, part.said) is None:
+        repeat = repeats.find(text, part.said) if task.stops_repeats else None
+        if repeat is None:
             return found, calls  # a message the model skipped otherwise is the caller's to ask about again
         metrics.EXTRACTION_REPEATS.inc()
         unanswered = next((n for n in range(part.start, len(found)) if not found[n].answered), None)
         if unanswered is None:
             return found, calls
-        written = repeats.facts_in(repeats.before_repeat(text, part.said))
+        written = repeats.facts_in(text[: repeat.fact_at])  # what the output kept (a cut entry had none before it)
         part = replace(data, start=unanswered, said=(*part.said, *written))
 
 

@@ -16,6 +16,7 @@ with an earlier one.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import re
@@ -61,7 +62,7 @@ def find(text: str, said: Collection[str] = ()) -> Repeat | None:
     previous_entry = -1
     for match in _FACT.finditer(text):
         at = match.start()
-        entry = max((i for i, start in enumerate(entries) if start < at), default=0)
+        entry = max(bisect.bisect_left(entries, at) - 1, 0)  # the last entry opened before this fact
         key = normalize_text(_decoded(match.group(1)))
         if key in seen:
             return Repeat(entries[entry] if entries else 0, at, entry, first_fact=entry != previous_entry)
