@@ -558,6 +558,9 @@ def ask(
     ] = None,
     retriever: Annotated[str | None, typer.Option(help="beamsearch, watercircles, astar, flat, tog2, ...")] = None,
     max_clue_queries: Annotated[int | None, typer.Option(min=1, max=8)] = None,
+    top_k: Annotated[
+        int | None, typer.Option(min=1, max=50, help="memory items shown to the model per retrieval")
+    ] = None,
     enhancement: Annotated[bool | None, typer.Option("--enhancement/--no-enhancement")] = None,
     decomposition: Annotated[bool | None, typer.Option("--decomposition/--no-decomposition")] = None,
     episodic: Annotated[bool | None, typer.Option("--episodic/--no-episodic", help="episode text in context")] = None,
@@ -575,6 +578,7 @@ def ask(
     options = {
         "retriever": retriever,
         "max_clue_queries": max_clue_queries,
+        "filter_top_k": top_k,
         "plan_enhancement": enhancement,
         "decomposition": decomposition,
         "episodic_context": episodic,
@@ -672,7 +676,7 @@ def eval_(
         list[str] | None,
         typer.Option(
             help="a variant of memory answered in the same run (repeatable): no_enhancement, flat, clues=N, "
-            "no_episodic, episodic, no_decomposition, retriever=NAME, no_batching; comma-joined to combine"
+            "no_episodic, episodic, no_decomposition, retriever=NAME, top_k=N, no_batching; comma-joined to combine"
         ),
     ] = None,
     retriever: Annotated[list[str] | None, typer.Option(help="retrievers of the LLM-free evaluation")] = None,

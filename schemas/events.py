@@ -135,6 +135,9 @@ class QueryOptions(BaseModel):
     max_clue_queries: int | None = Field(default=None, ge=1, le=8)
     max_steps: int | None = Field(default=None, ge=1, le=12)
     episodic_context: bool | None = None
+    filter_top_k: int | None = Field(
+        default=None, ge=1, le=50, description="memory items shown to the model per retrieval (MEMSTREAM_QA_TOP_K)"
+    )
 
 
 class Query(Event):

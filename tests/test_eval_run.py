@@ -327,7 +327,8 @@ def test_ablation_specs_parse_and_misspelt_ones_are_refused(tmp_path: Path) -> N
     assert combined.mode == "memory[no_enhancement,clues=2]" and combined.batch is None
     assert combined.options == QueryOptions(plan_enhancement=False, max_clue_queries=2)
     assert parse("no_batching").batch == 1 and parse("retriever=beamsearch+flat").options.retriever == "beamsearch+flat"
-    for bad in ("clues=9", "clues=two", "bogus", "retriever=nope"):
+    assert parse("top_k=6").options == QueryOptions(filter_top_k=6)
+    for bad in ("clues=9", "clues=two", "bogus", "retriever=nope", "top_k=0"):
         with pytest.raises(ValueError):
             parse(bad)
     data = write(tmp_path, "tiny.json", TINY_LOCOMO)

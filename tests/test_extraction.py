@@ -144,6 +144,47 @@ def test_compact_schema_fixes_one_labelled_entry_per_message_and_bounds_everythi
     assert fact["temporal"]["enum"] == ["STATIC", "DYNAMIC", "ATEMPORAL"]
 
 
+def test_lean_schema_puts_the_defaultable_fields_last_and_optional() -> None:
+    fact = ExtractTask(lean=True).json_schema(INPUT)["properties"]["messages"]["prefixItems"][0]["properties"]["facts"]
+    items = fact["items"]
+    # a grammar writes required properties first: the order the model writes is the order given here
+    assert list(items["properties"]) == ["fact", "object", "temporal", "when", "kind"]
+    assert items["required"] == ["fact", "object", "temporal"]
+    assert ExtractTask(lean=True, output="json").lean is False  # the keyed output has no lean form
+
+
+def test_lean_output_without_when_or_kind_is_a_fact_dated_by_its_message_s_own_time_words() -> None:
+    plain = {"fact": "Anna moved to Berlin.", "object": "Berlin", "temporal": "DYNAMIC"}
+    for facts, kind in (([plain], "FACT"), ([{**plain, "when": "last week", "kind": "PREDICTION"}], "PREDICTION")):
+        text = json.dumps(
+            {
+                "messages": [
+                    {"m": "[1] Anna: I moved to Berlin last", "facts": facts},
+                    {"m": "[2] Ben: Cool!", "facts": []},
+                ]
+            }
+        )
+        first, _ = ExtractTask(lean=True).parse(text, INPUT)
+        (found,) = first.facts
+        # left out, "when" is found in the sentence the fact comes from ("last week"), as for an empty one
+        assert found.kind == kind and found.when is not None and found.when.start == date(2023, 5, 22)
+
+
+def test_the_lean_example_is_the_compact_one_without_its_defaults() -> None:
+    from services.memorize.extraction import EXAMPLE_OUT_COMPACT, EXAMPLE_OUT_LEAN, SYSTEM_COMPACT, SYSTEM_LEAN
+
+    def facts(text: str) -> list[dict[str, str]]:
+        return [f for m in json.loads(text)["messages"] for f in m["facts"]]
+
+    defaults = {"when": "", "kind": "FACT"}
+    full = [{k: v for k, v in f.items() if defaults.get(k) != v} for f in facts(EXAMPLE_OUT_COMPACT)]
+    assert facts(EXAMPLE_OUT_LEAN) == full
+    assert all(list(f)[:3] == ["fact", "object", "temporal"] for f in facts(EXAMPLE_OUT_LEAN))
+    assert SYSTEM_LEAN != SYSTEM_COMPACT and "a plain fact has no kind" in SYSTEM_LEAN
+    (system, *_), lean = ExtractTask().messages(INPUT), ExtractTask(lean=True).messages(INPUT)
+    assert system.content == SYSTEM_COMPACT and lean[0].content == SYSTEM_LEAN and lean[2].content == EXAMPLE_OUT_LEAN
+
+
 def test_compact_output_reads_subject_and_relation_off_the_sentence() -> None:
     fact = {
         "fact": "I moved to Berlin.",

@@ -158,6 +158,19 @@ async def test_a_sufficient_first_answer_is_one_call(films: SqliteMemoryStore, e
     assert events.of(5)[0].detail["clue_queries"] == [question]
 
 
+async def test_top_k_bounds_the_lines_the_answer_call_reads(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
+    question = "Who is the director of the film Payment On Demand?"
+
+    async def lines_read(**options: Any) -> int:
+        llm = ScriptedLLM(FastReader().responders())
+        await make_fast(films, embedder, llm).answer(query(question, **options), Events())
+        (request,) = llm.calls
+        return len(block(request.messages[-1].content, "Memory"))
+
+    assert await lines_read() == 2  # all the first retrieval found
+    assert await lines_read(filter_top_k=1) == 1
+
+
 async def test_an_insufficient_first_answer_runs_one_planning_round(
     films: SqliteMemoryStore, embedder: MiniLMEmbedder
 ) -> None:

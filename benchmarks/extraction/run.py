@@ -110,7 +110,10 @@ async def run(args: argparse.Namespace, output: str, extras: dict[str, str] | No
             embedder,
             settings,
             extract_task=ExtractTask(
-                example=not args.no_example, output=output, stop_repeats=settings.extraction_stop_repeats
+                example=not args.no_example,
+                output=output,
+                stop_repeats=settings.extraction_stop_repeats,
+                lean=settings.extraction_lean,
             ),
         )
         # this machine's speed, measured beside each variant on its own engine: compare runs on other machines by it

@@ -122,29 +122,32 @@ def relation_of(sentence: str, subject: str, obj: str) -> str:
     return relation[:MAX_RELATION].strip()
 
 
-def fact_schema() -> dict[str, Any]:
-    """One fact: its sentence, object, time words and labels, every string bounded."""
-    return {
-        "type": "object",
-        "properties": {
-            "fact": {"type": "string", "minLength": 8, "maxLength": 200},
-            "object": {"type": "string", "maxLength": 60},
-            "when": {"type": "string", "maxLength": 40},
-            "kind": {"type": "string", "enum": list(KINDS)},
-            "temporal": {"type": "string", "enum": list(TEMPORALS)},
-        },
-        "required": ["fact", "object", "when", "kind", "temporal"],
+def fact_schema(lean: bool = False) -> dict[str, Any]:
+    """One fact: its sentence, object, time words and labels, every string bounded. ``lean``: ``when`` and
+    ``kind`` come last and may be left out (then "" and FACT): in a whole run 91% of the facts had no time words and
+    97% were FACT, and those fields with their keys were a fifth of the generated text. A grammar puts a schema's
+    required properties first, so the order here is the order the model writes."""
+    properties = {
+        "fact": {"type": "string", "minLength": 8, "maxLength": 200},
+        "object": {"type": "string", "maxLength": 60},
+        "when": {"type": "string", "maxLength": 40},
+        "kind": {"type": "string", "enum": list(KINDS)},
+        "temporal": {"type": "string", "enum": list(TEMPORALS)},
     }
+    if lean:
+        order = ("fact", "object", "temporal", "when", "kind")
+        return {"type": "object", "properties": {k: properties[k] for k in order}, "required": list(order[:3])}
+    return {"type": "object", "properties": properties, "required": list(properties)}
 
 
-def output_schema(labels: list[str], max_facts: int) -> dict[str, Any]:
+def output_schema(labels: list[str], max_facts: int, lean: bool = False) -> dict[str, Any]:
     """``{"messages": [{"m": label, "facts": [...]}, ...]}``, one entry per message, each label fixed by the grammar."""
     entries = [
         {
             "type": "object",
             "properties": {
                 "m": {"const": label},
-                "facts": {"type": "array", "items": fact_schema(), "maxItems": max_facts},
+                "facts": {"type": "array", "items": fact_schema(lean), "maxItems": max_facts},
             },
             "required": ["m", "facts"],
         }

@@ -148,6 +148,32 @@ EXAMPLE_OUT_COMPACT = (
 )
 
 
+#: The compact output with ``when`` and ``kind`` left out where they are "" and FACT (``compact.fact_schema``).
+SYSTEM_LEAN = SYSTEM_COMPACT.replace(
+    'when (the words of the message that say when it happened, such as "yesterday" or "last year", else ""), kind '
+    "(FACT, OPINION, or PREDICTION for a plan or expectation) and temporal (STATIC: never changes, DYNAMIC: may "
+    "change, ATEMPORAL: always true).",
+    "temporal (STATIC: never changes, DYNAMIC: may change, ATEMPORAL: always true), then only where the message "
+    'says it: when (the words of the message that say when it happened, such as "yesterday" or "last year") and '
+    "kind (OPINION, or PREDICTION for a plan or expectation; a plain fact has no kind).",
+)
+
+EXAMPLE_OUT_LEAN = (
+    '{"messages":[{"m":"[1] Anna: Hi Ben! How was your","facts":[]},'
+    '{"m":"[2] Ben: Busy! I started a pottery","facts":['
+    '{"fact":"Ben started a pottery class and loves it.","object":"pottery class","temporal":"DYNAMIC",'
+    '"when":"on Monday"},'
+    '{"fact":"Ben made a clay bowl in his pottery class.","object":"clay bowl","temporal":"STATIC"}]},'
+    '{"m":"[3] Anna: Wow, that bowl is great!","facts":[]},'
+    '{"m":"[4] Anna: Big news: I quit Siemens","facts":['
+    '{"fact":"Anna quit her job at Siemens.","object":"Siemens","temporal":"STATIC","when":"last week"},'
+    '{"fact":"Anna works as a nurse at St. Mary\'s.","object":"St. Mary\'s","temporal":"DYNAMIC"}]},'
+    '{"m":"[5] Ben: I\'m off to Rome tomorrow","facts":['
+    '{"fact":"Ben is going to Rome for his sister\'s wedding.","object":"Rome","temporal":"DYNAMIC",'
+    '"when":"tomorrow","kind":"PREDICTION"}]}]}'
+)
+
+
 def _who(item: Item) -> str:
     return ("document" if item.document else item.speaker) or "someone"
 
@@ -236,11 +262,15 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
     #: per message at most 4 facts of ~60 tokens; the schema bounds every string, so this limit is never the stop
     max_tokens = 2048
 
-    def __init__(self, *, example: bool = True, output: str = "compact", stop_repeats: bool = True) -> None:
+    def __init__(
+        self, *, example: bool = True, output: str = "compact", stop_repeats: bool = True, lean: bool = False
+    ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"unknown extraction output {output!r}; known: {OUTPUTS}")
         self.example = example
         self.output = output
+        #: the compact output with its default fields left out (``compact.fact_schema``)
+        self.lean = lean and output == "compact"
         #: stop a call at a fact it already wrote (``services.memorize.repeats``; the compact output's shapes)
         self.stops_repeats = stop_repeats and output == "compact"
 
@@ -249,7 +279,7 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
 
     def messages(self, inputs: ExtractionInput) -> list[LLMMessage]:
         system, example = {
-            "compact": (SYSTEM_COMPACT, EXAMPLE_OUT_COMPACT),
+            "compact": (SYSTEM_LEAN, EXAMPLE_OUT_LEAN) if self.lean else (SYSTEM_COMPACT, EXAMPLE_OUT_COMPACT),
             "json": (SYSTEM, EXAMPLE_OUT),
             "lines": (lines.SYSTEM_LINES, lines.EXAMPLE_OUT_LINES),
         }[self.output]
@@ -272,7 +302,7 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         if not isinstance(inputs, ExtractionInput):
             return schema
         if self.output in ("compact", "lines"):
-            return compact.output_schema(_labels(inputs)[inputs.start :], MAX_FACTS_PER_MESSAGE)
+            return compact.output_schema(_labels(inputs)[inputs.start :], MAX_FACTS_PER_MESSAGE, self.lean)
         entry = schema["$defs"]["MessageFactsOut"]
         count = len(inputs.items)
         # Each entry opens with the message's speaker and first words, fixed by the grammar: writing them puts the

@@ -206,7 +206,9 @@ class MemorizeService:
         extract_task: ExtractTask | None = None,
     ) -> None:
         self.extract_task = extract_task or ExtractTask(
-            output=settings.extraction_output, stop_repeats=settings.extraction_stop_repeats
+            output=settings.extraction_output,
+            stop_repeats=settings.extraction_stop_repeats,
+            lean=settings.extraction_lean,
         )
         self.graph = stores.graph
         self.vectors = stores.vectors
