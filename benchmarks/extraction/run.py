@@ -109,12 +109,7 @@ async def run(args: argparse.Namespace, output: str, extras: dict[str, str] | No
             llm,
             embedder,
             settings,
-            extract_task=ExtractTask(
-                example=not args.no_example,
-                output=output,
-                stop_repeats=settings.extraction_stop_repeats,
-                lean=settings.extraction_lean,
-            ),
+            extract_task=ExtractTask.from_settings(settings, example=not args.no_example, output=output),
         )
         # this machine's speed, measured beside each variant on its own engine: compare runs on other machines by it
         speed = None if args.cache_only or args.llm != "local" else await generation_speed(settings)

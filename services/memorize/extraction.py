@@ -36,6 +36,7 @@ from services.memorize.when import When, resolve, sounds_future, time_words
 
 __all__ = ["Alias", "ExtractTask", "ExtractionInput", "Fact", "Item", "ItemFacts"]
 from services.ports import LLM, LLMMessage, StopRule
+from services.settings import Settings
 
 MAX_FACTS_PER_MESSAGE = 3
 #: "compact": positional facts, subject and relation derived in code (the default; ``services.memorize.compact``);
@@ -273,6 +274,16 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
         self.lean = lean and output == "compact"
         #: stop a call at a fact it already wrote (``services.memorize.repeats``; the compact output's shapes)
         self.stops_repeats = stop_repeats and output == "compact"
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> ExtractTask:
+        """The task the settings describe (output design, repeats stopped, lean fields); ``overrides`` win."""
+        options: dict[str, Any] = {
+            "output": settings.extraction_output,
+            "stop_repeats": settings.extraction_stop_repeats,
+            "lean": settings.extraction_lean,
+        }
+        return cls(**(options | overrides))
 
     def stop_rule(self, inputs: ExtractionInput) -> StopRule | None:
         return repeats.RepeatStop(inputs.said) if self.stops_repeats else None

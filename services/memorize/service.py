@@ -205,11 +205,7 @@ class MemorizeService:
         *,
         extract_task: ExtractTask | None = None,
     ) -> None:
-        self.extract_task = extract_task or ExtractTask(
-            output=settings.extraction_output,
-            stop_repeats=settings.extraction_stop_repeats,
-            lean=settings.extraction_lean,
-        )
+        self.extract_task = extract_task or ExtractTask.from_settings(settings)
         self.graph = stores.graph
         self.vectors = stores.vectors
         self.writer = stores.writer
