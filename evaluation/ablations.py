@@ -20,14 +20,19 @@ from schemas.events import QueryOptions
 from services.retrieval.registry import available
 
 #: ``NAME`` / ``no_NAME``: the planning QA's switches
-SWITCHES = {"enhancement": "plan_enhancement", "decomposition": "decomposition", "episodic": "episodic_context"}
+SWITCHES = {
+    "enhancement": "plan_enhancement",
+    "decomposition": "decomposition",
+    "episodic": "episodic_context",
+    "inference": "infer_answers",
+}
 #: ``NAME=N``: its counts
 COUNTS = {"clues": "max_clue_queries", "steps": "max_steps", "top_k": "filter_top_k"}
 ENGINES = ("fast", "planning", "simple")
 KNOWN = (
     "engine=fast|planning|simple, no_enhancement, enhancement, no_decomposition, decomposition, no_episodic, "
-    "episodic, flat (the flat retriever instead of the traversal), retriever=NAME, clues=1..8, steps=1..12, "
-    "top_k=1..50, no_batching"
+    "episodic, no_inference, inference, flat (the flat retriever instead of the traversal), retriever=NAME, "
+    "clues=1..8, steps=1..12, top_k=1..50, no_batching"
 )
 
 

@@ -132,6 +132,9 @@ class QueryOptions(BaseModel):
     retriever: Label | None = None
     plan_enhancement: bool | None = None
     decomposition: bool | None = None
+    infer_answers: bool | None = Field(
+        default=None, description='"would X ...?" answered by inference from memory (MEMSTREAM_QA_INFER_ANSWERS)'
+    )
     max_clue_queries: int | None = Field(default=None, ge=1, le=8)
     max_steps: int | None = Field(default=None, ge=1, le=12)
     episodic_context: bool | None = None

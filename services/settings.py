@@ -276,6 +276,9 @@ class Settings(BaseSettings):
     qa_max_clue_queries: int = Field(default=4, ge=1, le=8)
     qa_plan_enhancement: bool = True
     qa_decomposition: bool = True
+    qa_infer_answers: bool = Field(
+        default=True, description='fast engine: a "would X ...?" question answered by inference ("Likely no, since")'
+    )
     qa_episodic_context: bool = Field(
         default=True, description="show the messages themselves beside the theses (what extraction missed)"
     )

@@ -328,6 +328,7 @@ def test_ablation_specs_parse_and_misspelt_ones_are_refused(tmp_path: Path) -> N
     assert combined.options == QueryOptions(plan_enhancement=False, max_clue_queries=2)
     assert parse("no_batching").batch == 1 and parse("retriever=beamsearch+flat").options.retriever == "beamsearch+flat"
     assert parse("top_k=6").options == QueryOptions(filter_top_k=6)
+    assert parse("no_inference").options == QueryOptions(infer_answers=False)
     for bad in ("clues=9", "clues=two", "bogus", "retriever=nope", "top_k=0"):
         with pytest.raises(ValueError):
             parse(bad)

@@ -171,6 +171,28 @@ async def test_top_k_bounds_the_lines_the_answer_call_reads(films: SqliteMemoryS
     assert await lines_read(filter_top_k=1) == 1
 
 
+async def test_an_inference_is_answered_in_one_call_and_without_the_rule_runs_a_round(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    question = "Would Curtis Bernhardt like Seuss books?"  # no line says it; the first answer infers it
+    inferred = "Likely yes, since Payment On Demand director Curtis Bernhardt."
+    responders: dict[str, Responder] = {
+        "answer_check": lambda r: {"answer": inferred, "sufficient": True, "missing": ""},
+        "search_plan": lambda r: {"sub_questions": [question], "steps": [{"query": "What does Seuss write?"}]},
+    }
+    llm = ScriptedLLM(responders)
+    answer = await make_fast(films, embedder, llm).answer(query(question), Events())
+    assert answer.answer == inferred and answer.llm_calls == 1
+    assert "Likely yes/no" in llm.calls[0].messages[0].content
+    # MEMSTREAM_QA_INFER_ANSWERS=false (ablation no_inference): the rules before, and Seuss is not in memory
+    literal = ScriptedLLM(responders)
+    events = Events()
+    answer = await make_fast(films, embedder, literal).answer(query(question, infer_answers=False), events)
+    assert answer.llm_calls == 3 and calls_by_task(literal) == {"answer_check": 2, "search_plan": 1}
+    assert "Likely" not in literal.calls[0].messages[0].content
+    assert [e.detail["sufficient"] for e in events.of(9)] == [False, False]
+
+
 async def test_an_insufficient_first_answer_runs_one_planning_round(
     films: SqliteMemoryStore, embedder: MiniLMEmbedder
 ) -> None:

@@ -75,6 +75,24 @@ def test_answer_check_is_not_sufficient_while_a_name_asked_about_is_not_in_memor
     assert verdict.missing == "the rest of the question"
 
 
+def test_an_inference_needs_only_its_subject_in_memory() -> None:
+    question = "Would Joan Didion like a Dr. Seuss book?"
+    raw = {"answer": "Likely no, since Joan Didion wrote Blue Nights.", "sufficient": True}
+    assert check(raw, question=question) == Verdict(answer=raw["answer"], sufficient=True, missing="")
+    # not written as an inference: every name asked about must be in memory, as before
+    plain = check({"answer": "No, Joan Didion wrote Blue Nights.", "sufficient": True}, question=question)
+    assert plain.answer is not None and not plain.sufficient
+    # an inference about nobody the memory knows is not enough
+    stranger = check({"answer": "Likely no, since Blue Nights.", "sufficient": True}, question="Would Ann Lee like it?")
+    assert not stranger.sufficient
+    # the rule off (ablation no_inference): the prompt before it, and every name must be in memory
+    off = AnswerCheckTask(infer=False)
+    assert "Likely yes/no" in AnswerCheckTask().messages(AnswerCheckInput(question="q?", memory=[]))[0].content
+    assert "Likely" not in off.messages(AnswerCheckInput(question="q?", memory=[]))[0].content
+    literal = off.parse(json.dumps(raw), AnswerCheckInput(question=question, memory=MEMORY))
+    assert literal.answer == raw["answer"] and not literal.sufficient
+
+
 def test_answer_check_shows_the_parts_and_the_time() -> None:
     from datetime import UTC, datetime
 

@@ -56,6 +56,9 @@ class QAConfig(BaseModel):
     retriever_params: dict[str, Any] = Field(default_factory=dict)
     plan_enhancement: bool = True
     decomposition: bool = True
+    infer_answers: bool = Field(
+        default=True, description='fast engine: "would X ...?" answered by inference from the lines, no round'
+    )
     episodic_context: bool = Field(
         default=Settings.model_fields["qa_episodic_context"].default, description="show the messages to the LLM"
     )
@@ -83,6 +86,7 @@ class QAConfig(BaseModel):
             "max_clue_queries": settings.qa_max_clue_queries,
             "plan_enhancement": settings.qa_plan_enhancement,
             "decomposition": settings.qa_decomposition,
+            "infer_answers": settings.qa_infer_answers,
             "episodic_context": settings.qa_episodic_context,
             "max_rounds": settings.qa_max_rounds,
         }

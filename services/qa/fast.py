@@ -126,7 +126,8 @@ class _FastRun(SearchRoom):
                 as_of=self.query.as_of,
             )
             try:
-                verdict = await self.task(scope, AnswerCheckTask(), inputs, streamed(on_text))
+                task = AnswerCheckTask(infer=self.config.infer_answers)
+                verdict = await self.task(scope, task, inputs, streamed(on_text))
             except TaskFailed as exc:
                 sq.failures.append(str(exc))
                 verdict = Verdict(answer=None, sufficient=False, missing="the answer")  # degrade: search on

@@ -36,14 +36,15 @@ def is_no_info(text: str) -> bool:
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-# Function words, and words an answer may add without new facts ("Yes, both are ..."): not evidence of anything.
+# Function words, and words an answer may add without new facts ("Yes, both are ...", "Likely no, since ..."): not
+# evidence of anything.
 # fmt: off
 _FUNCTION_WORDS = frozenset({
     "a", "an", "and", "are", "as", "at", "be", "been", "both", "but", "by", "did", "do", "does", "for", "from",
     "had", "has", "have", "he", "her", "him", "his", "how", "i", "in", "is", "it", "its", "of", "on", "or", "she",
     "so", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those", "to", "was", "we",
     "were", "what", "when", "where", "which", "who", "whom", "whose", "why", "will", "with", "yes", "no", "not",
-    "also", "same", "different", "answer", "found", "than"
+    "also", "same", "different", "answer", "found", "than", "likely", "unlikely", "probably", "since", "because"
 })
 # fmt: on
 
@@ -119,7 +120,7 @@ def found_answer(output: FoundAnswer, sources: Sequence[str], question: str) -> 
 class PromptTask(LLMTask[OutT, T]):
     """A task prompted as: rules (system), one worked example (user/assistant), then the real input."""
 
-    system: ClassVar[str]
+    system: str  # a class's rules; an instance may pick other rules (a switch of the task)
     example_input: ClassVar[str]
     example_output: ClassVar[BaseModel]
 
