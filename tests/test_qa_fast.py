@@ -171,25 +171,31 @@ async def test_top_k_bounds_the_lines_the_answer_call_reads(films: SqliteMemoryS
     assert await lines_read(filter_top_k=1) == 1
 
 
-async def test_an_inference_is_answered_in_one_call_and_without_the_rule_runs_a_round(
-    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+@pytest.mark.parametrize("inferred", ["Likely yes, since Payment On Demand director Curtis Bernhardt.", "No answer"])
+async def test_an_inference_is_one_call_and_without_the_rule_runs_a_round(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder, inferred: str
 ) -> None:
-    question = "Would Curtis Bernhardt like Seuss books?"  # no line says it; the first answer infers it
-    inferred = "Likely yes, since Payment On Demand director Curtis Bernhardt."
+    question = "Would Curtis Bernhardt like Seuss books?"  # no line says it, nor could one that a round finds
     responders: dict[str, Responder] = {
-        "answer_check": lambda r: {"answer": inferred, "sufficient": True, "missing": ""},
+        "answer_check": lambda r: {"answer": inferred, "sufficient": False, "missing": "Seuss books"},
         "search_plan": lambda r: {"sub_questions": [question], "steps": [{"query": "What does Seuss write?"}]},
     }
     llm = ScriptedLLM(responders)
-    answer = await make_fast(films, embedder, llm).answer(query(question), Events())
-    assert answer.answer == inferred and answer.llm_calls == 1
-    assert "Likely yes/no" in llm.calls[0].messages[0].content
-    # MEMSTREAM_QA_INFER_ANSWERS=false (ablation no_inference): the rules before, and Seuss is not in memory
+    events = Events()
+    answer = await make_fast(films, embedder, llm).answer(query(question), events)
+    assert answer.llm_calls == 1 and "This asks for an inference" in last(llm.calls[0])
+    assert answer.answer == (inferred if inferred.startswith("Likely") else NO_ANSWER)
+    if answer.answer == NO_ANSWER:  # the stages that did not run say why
+        assert events.of(2)[0].detail["reason"].startswith("an inference")
+        assert events.of(12)[0].detail["reason"].startswith("an inference")
+    else:
+        assert events.of(2)[0].detail["reason"] == "first answer sufficient"
+    # MEMSTREAM_QA_INFER_ANSWERS=false (ablation no_inference): no hint, Seuss must be in memory, a round runs
     literal = ScriptedLLM(responders)
     events = Events()
     answer = await make_fast(films, embedder, literal).answer(query(question, infer_answers=False), events)
     assert answer.llm_calls == 3 and calls_by_task(literal) == {"answer_check": 2, "search_plan": 1}
-    assert "Likely" not in literal.calls[0].messages[0].content
+    assert "inference" not in last(literal.calls[0])
     assert [e.detail["sufficient"] for e in events.of(9)] == [False, False]
 
 

@@ -19,6 +19,7 @@ from services.qa.tasks import (
     SearchPlanTask,
     Verdict,
 )
+from services.qa.tasks.answer_check import INFER_HINT, asks_inference
 from services.qa.tasks.common import GROUNDING
 
 MEMORY = ["[2023-05-02] Joan Didion wrote Blue Nights", "[2023-05-02] Joan Didion was born in Sacramento"]
@@ -75,22 +76,41 @@ def test_answer_check_is_not_sufficient_while_a_name_asked_about_is_not_in_memor
     assert verdict.missing == "the rest of the question"
 
 
-def test_an_inference_needs_only_its_subject_in_memory() -> None:
+def test_an_inference_is_asked_for_in_the_question_and_needs_only_its_subject_in_memory() -> None:
     question = "Would Joan Didion like a Dr. Seuss book?"
-    raw = {"answer": "Likely no, since Joan Didion wrote Blue Nights.", "sufficient": True}
-    assert check(raw, question=question) == Verdict(answer=raw["answer"], sufficient=True, missing="")
-    # not written as an inference: every name asked about must be in memory, as before
-    plain = check({"answer": "No, Joan Didion wrote Blue Nights.", "sufficient": True}, question=question)
-    assert plain.answer is not None and not plain.sufficient
+    inputs = AnswerCheckInput(question=question, memory=MEMORY)
+    assert AnswerCheckTask().messages(inputs)[-1].content.endswith(INFER_HINT)
+    # Seuss is not in memory, and the model calls it missing: the inference still suffices, and says it is one
+    raw = {"answer": "Likely no, since Joan Didion wrote Blue Nights.", "sufficient": False, "missing": "Seuss"}
+    assert check(raw, question=question) == Verdict(answer=raw["answer"], sufficient=True, inference=True)
+    nothing = check({"answer": "No answer", "sufficient": False}, question=question)
+    assert nothing.answer is None and not nothing.sufficient and nothing.inference
     # an inference about nobody the memory knows is not enough
-    stranger = check({"answer": "Likely no, since Blue Nights.", "sufficient": True}, question="Would Ann Lee like it?")
-    assert not stranger.sufficient
-    # the rule off (ablation no_inference): the prompt before it, and every name must be in memory
+    assert not check({"answer": "Likely no.", "sufficient": True}, question="Would Ann Lee like Dr. Seuss?").sufficient
+    # not an inference: every name asked about must be in memory, and no hint is added
+    plain = check({"answer": "Joan Didion wrote Blue Nights.", "sufficient": True}, question="Did Seuss or Didion?")
+    assert not plain.sufficient and not plain.inference
+    assert INFER_HINT not in AnswerCheckTask().messages(AnswerCheckInput(question="Who?", memory=[]))[-1].content
+    # the rule off (ablation no_inference): no hint, and every name must be in memory
     off = AnswerCheckTask(infer=False)
-    assert "Likely yes/no" in AnswerCheckTask().messages(AnswerCheckInput(question="q?", memory=[]))[0].content
-    assert "Likely" not in off.messages(AnswerCheckInput(question="q?", memory=[]))[0].content
-    literal = off.parse(json.dumps(raw), AnswerCheckInput(question=question, memory=MEMORY))
-    assert literal.answer == raw["answer"] and not literal.sufficient
+    assert INFER_HINT not in off.messages(inputs)[-1].content
+    assert off.messages(inputs)[0] == AnswerCheckTask().messages(inputs)[0]  # the same rules either way
+    literal = off.parse(json.dumps(raw | {"sufficient": True}), inputs)
+    assert literal.answer == raw["answer"] and not literal.sufficient and not literal.inference
+
+
+@pytest.mark.parametrize(
+    ("question", "inference"),
+    [
+        ("Would Caroline likely have Dr. Seuss books on her bookshelf?", True),
+        ("What fields would Caroline be likely to pursue?", True),
+        ("Could Ben run a marathon?", True),
+        ("Where was the author of Blue Nights born?", False),
+        ("Are Ben and Anna of the same nationality?", False),
+    ],
+)
+def test_what_asks_for_an_inference(question: str, inference: bool) -> None:
+    assert asks_inference(question) is inference
 
 
 def test_answer_check_shows_the_parts_and_the_time() -> None:

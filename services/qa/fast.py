@@ -5,8 +5,10 @@ as the one clue-query seeded by every match (5), one traversal and filter (6-7),
 whether the memory sufficed (8, 9 and 13 merged). Only when it did not, a planning round: one call decomposes the
 question, plans the search steps with the names each mentions and writes them with what the first answer found and
 missed (1, 2, 3 and 10 merged); each step is searched without a call (4-7, clue-queries by substitution); one more
-answer call reads everything found. ``max_rounds`` bounds the rounds: 1 + 2 x rounds calls at most (3 by default),
-a retried invalid output apart. Every stage still emits its event; a merged or skipped one says so in its detail.
+answer call reads everything found. A question that asks for an inference ("Would she ...?") gets no round: its
+first answer is the inference (see ``AnswerCheckTask``). ``max_rounds`` bounds the rounds: 1 + 2 x rounds calls at
+most (3 by default), a retried invalid output apart. Every stage still emits its event; a merged or skipped one
+says so in its detail.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from services.retrieval.base import Retriever
 #: the stage that holds the call a merged stage's work went into
 ANSWER_CALL = "summarise"
 PLAN_CALL = "plan"
+#: why no round runs for a question that asks for an inference
+_INFERENCE = "an inference: no line of memory states it, so no round searches for one"
 
 
 class FastQA(Engine):
@@ -55,7 +59,8 @@ class _FastRun(SearchRoom):
         verdict = best = await self._answer_call(sq, found, on_text, first)
         first.answer = verdict.answer
         rounds = 0
-        while not verdict.sufficient and rounds < self.config.max_rounds:
+        # an inference ("would she ...?") is not searched for: no line states it, and such rounds ended in "No Answer"
+        while not verdict.sufficient and not verdict.inference and rounds < self.config.max_rounds:
             rounds += 1
             later = await self._round(sq, verdict, rounds, retriever, on_text)
             if later is None:
@@ -195,7 +200,13 @@ class _FastRun(SearchRoom):
     async def _stop(self, sq: SubQuestion, verdict: Verdict, rounds: int) -> None:
         """Stage 12, and the events of the planning stages when no round ran."""
         if rounds == 0:
-            reason = "first answer sufficient" if verdict.sufficient else "no planning round allowed (max_rounds 0)"
+            reason = (
+                "first answer sufficient"
+                if verdict.sufficient
+                else _INFERENCE
+                if verdict.inference
+                else "no planning round allowed (max_rounds 0)"
+            )
             for stage in (Stage.DECOMPOSE, Stage.PLAN, Stage.ENHANCE):
                 where = None if stage is Stage.DECOMPOSE else sq.id
                 async with self.recorder.stage(stage, sub_question_id=where) as scope:
@@ -208,7 +219,9 @@ class _FastRun(SearchRoom):
             return
         async with self.recorder.stage(Stage.NO_ANSWER, sub_question_id=sq.id) as scope:
             scope.detail |= {"rounds": rounds, "missing": verdict.missing, "steps_done": len(sq.done)}
-            scope.detail["reason"] = "no new step" if self.stalled else "round limit"
+            scope.detail["reason"] = (
+                _INFERENCE if verdict.inference else "no new step" if self.stalled else "round limit"
+            )
 
     async def _finish(self, sq: SubQuestion, best: Verdict) -> Answer:
         """Stage 13: the answer call answered the whole question; a partial answer stands when no round did better."""

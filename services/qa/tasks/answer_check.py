@@ -16,24 +16,14 @@ from pydantic import BaseModel, Field
 from services.qa.tasks.common import PromptTask, content_words, grounded, is_no_info, memory_block, names_in
 
 _ISO_DATE = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
-#: an answer that says it is an inference ("Likely no, since ..."), as the inference rule asks it to be written
-_INFERENCE = re.compile(r"^\W*(?:likely|unlikely|probably)\b", re.IGNORECASE)
+#: a question of what someone would do, be or like: its answer is an inference, which no line of memory states
+_HYPOTHETICAL = re.compile(r"^\W*(?:would|could|might)\b|\blikely\b", re.IGNORECASE)
+# Said in the question's own message, where a small model heeds it (a rule among the system's it did not follow).
+INFER_HINT = 'This asks for an inference from the lines: answer what is likely and why ("Likely no, since ...").'
 
-_RULES = (
-    "Answer the question from the memory lines only, briefly: a phrase or one sentence. Prefer the most recent "
-    'line when they disagree, but a line that "conflicts with" another is disputed: give both. An OPINION or '
-    'PREDICTION line is what its holder thought: say whose and when ("Ben thought in March that ..."). '
-)
-_CHECK = (
-    "Then say if the memory was enough to answer every part of the question (sufficient); if not, name what is "
-    'still missing in a few words (missing). If the memory says nothing of it, answer "No answer".'
-)
-# Asked whether someone would do, be or like something, a small model calls its memory insufficient (no line says
-# it in so many words), and a planning round then finds no such line either: the inference is the answer.
-_INFER = 'Asked what someone would do, be or like, infer it from the lines: "Likely yes/no, since ..." is enough. '
-_SYSTEM_INFER = _RULES + _INFER + _CHECK
-#: the rules before inference answers (``QAConfig.infer_answers`` off): the ablation ``no_inference``
-_SYSTEM_LITERAL = _RULES + _CHECK + ' Format: {"answer": "...", "sufficient": true, "missing": ""}.'
+
+def asks_inference(question: str) -> bool:
+    return _HYPOTHETICAL.search(question) is not None
 
 
 def spelled_dates(lines: Sequence[str]) -> list[str]:
@@ -66,13 +56,21 @@ class Verdict(BaseModel):
     answer: str | None
     sufficient: bool
     missing: str = ""
+    inference: bool = False  # the question asks for an inference: no round would find a line that states it
 
 
 class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
     name = "answer_check"
     output_model = AnswerCheckOutput
     max_tokens = 256
-    system = _SYSTEM_INFER
+    system = (
+        "Answer the question from the memory lines only, briefly: a phrase or one sentence. Prefer the most recent "
+        'line when they disagree, but a line that "conflicts with" another is disputed: give both. An OPINION or '
+        'PREDICTION line is what its holder thought: say whose and when ("Ben thought in March that ..."). Then '
+        "say if the memory was enough to answer every part of the question (sufficient); if not, name what is "
+        'still missing in a few words (missing). If the memory says nothing of it, answer "No answer". '
+        'Format: {"answer": "...", "sufficient": true, "missing": ""}.'
+    )
     example_input = (
         "Memory:\n- [2023-05-02] Joan Didion wrote Blue Nights\n- [2023-05-02] Joan Didion was born in Sacramento\n"
         "Question: Where was the author of Blue Nights born?"
@@ -82,13 +80,16 @@ class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
     )
 
     def __init__(self, *, infer: bool = True) -> None:
-        self.infer = infer
-        self.system = _SYSTEM_INFER if infer else _SYSTEM_LITERAL
+        self.infer = infer  # ``QAConfig.infer_answers``
+
+    def inference(self, question: str) -> bool:
+        return self.infer and asks_inference(question)
 
     def render(self, inputs: AnswerCheckInput) -> str:
         parts = "".join(f"\nPart: {p}" for p in inputs.parts) if len(inputs.parts) > 1 else ""
         when = f"\nAnswer as of {inputs.as_of.date().isoformat()}." if inputs.as_of else ""
-        return f"Memory:\n{memory_block(inputs.memory)}\nQuestion: {inputs.question}{parts}{when}"
+        hint = f"\n{INFER_HINT}" if self.inference(inputs.question) else ""
+        return f"Memory:\n{memory_block(inputs.memory)}\nQuestion: {inputs.question}{parts}{when}{hint}"
 
     def postprocess(self, output: AnswerCheckOutput, inputs: AnswerCheckInput) -> Verdict:
         answer: str | None = output.answer.strip()
@@ -97,12 +98,15 @@ class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
         sources = [*inputs.memory, *spelled_dates(inputs.memory)]
         if not answer or is_no_info(answer) or not grounded(answer, sources, inputs.question):
             answer = None
-        # A small model says "sufficient" after finding out about one of two names: each must be in the memory. An
-        # inference needs only its subject there: what it infers about ("Dr. Seuss books") is what memory lacks.
+        # A small model says "sufficient" after finding out about one of two names: each must be in the memory.
         shown, names = content_words(" ".join(inputs.memory)), names_in(inputs.question)
-        inferred = self.infer and answer is not None and _INFERENCE.match(answer) is not None
-        named = bool(names & shown) or not names if inferred else names <= shown
-        sufficient = output.sufficient and answer is not None and named
+        inference = self.inference(inputs.question)
+        if inference:
+            # What an inference is about ("Dr. Seuss books") is what memory lacks, and the model calls it missing
+            # for that: its subject in memory and a grounded answer suffice.
+            sufficient = answer is not None and (bool(names & shown) or not names)
+        else:
+            sufficient = output.sufficient and answer is not None and names <= shown
         if not sufficient and not missing:
             missing = "the answer" if answer is None else "the rest of the question"
-        return Verdict(answer=answer, sufficient=sufficient, missing="" if sufficient else missing)
+        return Verdict(answer=answer, sufficient=sufficient, missing="" if sufficient else missing, inference=inference)

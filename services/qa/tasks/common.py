@@ -120,7 +120,7 @@ def found_answer(output: FoundAnswer, sources: Sequence[str], question: str) -> 
 class PromptTask(LLMTask[OutT, T]):
     """A task prompted as: rules (system), one worked example (user/assistant), then the real input."""
 
-    system: str  # a class's rules; an instance may pick other rules (a switch of the task)
+    system: ClassVar[str]
     example_input: ClassVar[str]
     example_output: ClassVar[BaseModel]
 
