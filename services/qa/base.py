@@ -57,7 +57,8 @@ class QAConfig(BaseModel):
     plan_enhancement: bool = True
     decomposition: bool = True
     infer_answers: bool = Field(
-        default=True, description='fast engine: "would X ...?" answered by inference from the lines, no round'
+        default=Settings.model_fields["qa_infer_answers"].default,
+        description='fast engine: "would X ...?" answered by inference from the lines, no round',
     )
     episodic_context: bool = Field(
         default=Settings.model_fields["qa_episodic_context"].default, description="show the messages to the LLM"
