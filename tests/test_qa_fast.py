@@ -254,6 +254,37 @@ async def test_no_enhancement_plans_without_what_was_found(films: SqliteMemorySt
     assert off.llm_calls == 3
 
 
+class SameFilmTwice(FastReader):
+    """Plans two steps that both name the question's first film, as a model often does."""
+
+    def search_plan(self, request: LLMRequest) -> dict[str, Any]:
+        self.plans += 1
+        steps = [
+            {"query": "Who is the director of the film Payment On Demand?", "names": ["Payment On Demand"]},
+            {"query": "When was Payment On Demand made?", "names": ["Payment On Demand"]},
+        ]
+        return {"sub_questions": [line(last(request), "Question")], "steps": steps}
+
+
+async def test_an_entity_is_matched_once_a_query(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
+    """Steps searched side by side that name the same film share one search of it, and get the same vertices."""
+    engine = make_fast(films, embedder, ScriptedLLM(SameFilmTwice().responders()))
+    asked: list[str] = []
+    match = engine.matcher.match
+
+    async def counted(user_id: str, entities: Any, per_entity: int = 3) -> Any:
+        asked.extend(entities)
+        return await match(user_id, entities, per_entity)
+
+    engine.matcher.match = counted  # type: ignore[method-assign]
+    events = Events()
+    answer = await engine.answer(query("Tell me about Payment On Demand."), events)
+    assert answer.llm_calls == 3 and len(answer.plan) == 3
+    assert asked.count("Payment On Demand") == 1 and len(asked) == len(set(asked))
+    first, second = [e for e in events.of(4) if "Payment On Demand" in e.detail["matches"]]
+    assert first.detail["matches"] == second.detail["matches"] and first.vertices == second.vertices == 1
+
+
 async def test_no_decomposition_keeps_the_question_whole(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
     llm = ScriptedLLM(FastReader().responders())
     events = Events()

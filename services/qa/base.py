@@ -26,7 +26,7 @@ from services.llm.layers import LLMLayer
 from services.llm.task import LLMTask, TaskFailed, run_task
 from services.logging import get_logger
 from services.ports import LLM, Embedder, GraphStore, LLMRequest, LLMResponse, VectorStore
-from services.qa.matching import EntityMatcher
+from services.qa.matching import EntityMatcher, Match
 from services.qa.stages import StageRecorder, StageScope, record_llm_response
 from services.qa.tasks import Finding
 from services.retrieval.base import Retriever
@@ -180,6 +180,8 @@ class RunBase:
         self.sub_questions: list[SubQuestion] = []
         self.plan_history: list[list[PlanStep]] = []
         self.errors: list[str] = []
+        # stage 4's matches by entity, this query's (``SearchRoom._matches``): each a search, done or in flight
+        self.matched: dict[str, asyncio.Future[dict[str, list[Match]]]] = {}
 
     async def execute(self, on_text: OnText | None) -> Answer:
         raise NotImplementedError

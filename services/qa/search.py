@@ -4,6 +4,7 @@ per clue-query (6), the relevance filter (7), and reading what was found (8, the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from schemas.events import StageStatus
@@ -101,11 +102,10 @@ class SearchRoom(RunBase):
     ) -> dict[str, list[Match]]:
         """Stage 4; ``fallback``: matched instead when no entity matches (the whole question, as the harness's
         ``question_seeds`` does)."""
-        per_entity = self.config.matches_per_entity
         async with self.recorder.stage(Stage.MATCH, sub_question_id=sq.id, step_id=step.id) as scope:
-            matches = await self.qa.matcher.match(self.user_id, entities, per_entity)
+            matches = await self._matches(entities)
             if fallback and fallback not in entities and not any(matches.values()):
-                matches = await self.qa.matcher.match(self.user_id, [fallback], per_entity)
+                matches = await self._matches([fallback])
                 scope.detail["matched_instead"] = fallback
             vertices = {m.vertex.id: m.vertex.name for ms in matches.values() for m in ms}
             scope.vertices = len(vertices)
@@ -113,6 +113,22 @@ class SearchRoom(RunBase):
             if not vertices:
                 scope.status = StageStatus.EMPTY
         return matches
+
+    async def _matches(self, entities: list[str]) -> dict[str, list[Match]]:
+        """The matcher's vertices for each entity, each entity searched once a query (the memory it matches is the
+        same within one answer): a planning round's steps name the question's names again, and steps searched
+        side by side may name the same one (they share the one search in flight)."""
+        wanted = [e for e in dict.fromkeys(entities) if e.strip()]
+        todo = [e for e in wanted if e not in self.matched]
+        if todo:
+            search = asyncio.ensure_future(self.qa.matcher.match(self.user_id, todo, self.config.matches_per_entity))
+            self.matched |= dict.fromkeys(todo, search)
+        try:
+            return {e: (await self.matched[e]).get(e, []) for e in wanted}
+        except Exception:
+            for e in todo:
+                self.matched.pop(e, None)  # a failed search is not kept: a later step searches again
+            raise
 
     async def _clue_queries(
         self, sq: SubQuestion, step: Step, matches: dict[str, list[Match]], by_step: bool, rewrite: bool
