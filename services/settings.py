@@ -282,6 +282,12 @@ class Settings(BaseSettings):
     qa_episodic_context: bool = Field(
         default=True, description="show the messages themselves beside the theses (what extraction missed)"
     )
+    # false cut p95 at 1M triplets from 92-104 to 52-78 ms (benchmarks/qa_scale.py), but on LoCoMo's 7 round
+    # questions it turned 1 partly right answer into "No Answer" (docs/benchmarks.md): kept on until measured more
+    qa_near_match_clues: bool = Field(
+        default=True,
+        description="fast engine's rounds: a name matched exactly is also replaced by its near matches in clue-queries",
+    )
     log_level: str = "INFO"
     log_json: bool | None = Field(default=None, description="None: JSON unless stderr is a terminal")
 

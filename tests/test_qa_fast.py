@@ -285,6 +285,29 @@ async def test_an_entity_is_matched_once_a_query(films: SqliteMemoryStore, embed
     assert first.detail["matches"] == second.detail["matches"] and first.vertices == second.vertices == 1
 
 
+async def test_an_exactly_matched_name_is_searched_as_written(
+    films: SqliteMemoryStore, embedder: MiniLMEmbedder
+) -> None:
+    """In a round, a director matched exactly gets one clue-query, the step itself; with near-match clues on, each
+    near match (another person of the graph) is put in the name's place as well, a search each."""
+    clues: dict[bool, list[list[str]]] = {}
+    for near in (False, True):
+        llm = ScriptedLLM(FastReader().responders())
+        engine = make_fast(films, embedder, llm, matches_per_entity=3, near_match_clues=near)
+        events = Events()
+        answer = await engine.answer(query(PAYMENT_Q), events)
+        assert answer.answer == "Yes: Germany, Germany."
+        planned = [e for e in events.of(5) if e.detail["clue_queries"][0].startswith("What country is")]
+        assert len(planned) == 2
+        clues[near] = [e.detail["clue_queries"] for e in planned]
+        assert ("near_matches" in planned[0].detail) is not near
+    assert sorted(c for cs in clues[False] for c in cs) == [
+        "What country is Carl Boese from?",
+        "What country is Curtis Bernhardt from?",
+    ]
+    assert all(len(cs) > 1 for cs in clues[True])  # the same step with other people's names
+
+
 async def test_no_decomposition_keeps_the_question_whole(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
     llm = ScriptedLLM(FastReader().responders())
     events = Events()

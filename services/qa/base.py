@@ -63,6 +63,10 @@ class QAConfig(BaseModel):
     episodic_context: bool = Field(
         default=Settings.model_fields["qa_episodic_context"].default, description="show the messages to the LLM"
     )
+    near_match_clues: bool = Field(
+        default=Settings.model_fields["qa_near_match_clues"].default,
+        description="fast engine's rounds: substitute an exactly matched name's near matches too (a search each)",
+    )
     budget: int = Field(default=20, ge=1, description="triplets per traversal")
     task_attempts: int = Field(default=3, ge=1, description="tries per LLM task on invalid output")
     max_sub_questions: int = Field(default=4, ge=1, le=8)
@@ -89,6 +93,7 @@ class QAConfig(BaseModel):
             "decomposition": settings.qa_decomposition,
             "infer_answers": settings.qa_infer_answers,
             "episodic_context": settings.qa_episodic_context,
+            "near_match_clues": settings.qa_near_match_clues,
             "max_rounds": settings.qa_max_rounds,
         }
         return cls(**(base | overrides))

@@ -136,6 +136,11 @@ class SearchRoom(RunBase):
         """Stage 5. ``by_step``: the step itself was matched (no entities), so there is no entity to substitute."""
         ctx = {"sub_question_id": sq.id, "step_id": step.id}
         async with self.recorder.stage(Stage.CLUE_QUERIES, **ctx) as scope:
+            if not rewrite and not self.config.near_match_clues:
+                # an exact match is certain (``matching``); a near match of that name is another thing, and the
+                # step with its name put in searched that other thing's facts, a fused search each
+                matches = {e: [m for m in ms if m.exact] or ms for e, ms in matches.items()}
+                scope.detail["near_matches"] = "left out where the name matched exactly"
             combos = combinations(matches, self.config.max_clue_queries)
             texts: list[str | None] = [
                 mention(step.text, [m.vertex.name for m in combo])
