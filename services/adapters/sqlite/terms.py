@@ -78,8 +78,8 @@ class TermIndex(ItemFollower[Terms]):
         terms = self.copy_of(conn, user_id)
         if terms is None:
             return None
-        wanted = [part for kind, part in terms.kinds.items() if not kinds or kind in kinds]
-        scored = [self._scores(terms, part, text) for part in wanted]
+        words = self._words(terms, text)
+        scored = [_scores(part, words[kind]) for kind, part in terms.kinds.items() if not kinds or kind in kinds]
         scores = np.concatenate([s for s, _ in scored]) if scored else np.zeros(0)
         item_nos = np.concatenate([n for _, n in scored]) if scored else np.zeros(0, dtype=np.int64)
         tied: list[int] = []
@@ -92,30 +92,23 @@ class TermIndex(ItemFollower[Terms]):
         by_item = dict(zip(item_nos.tolist(), scores.tolist(), strict=True))
         return _ranked(conn, user_id, kinds, by_item, tied, kth, k)
 
-    def _scores(self, terms: Terms, part: _Kind, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """The BM25 score and item number of each row of ``part`` that holds a phrase of ``text``. A row's
-        contributions are summed in the question's word order, as FTS5 sums them (one ``bincount``)."""
-        rows: list[np.ndarray] = []
-        weights: list[np.ndarray] = []
+    def _words(self, terms: Terms, text: str) -> dict[str, list[tuple[float, np.ndarray, np.ndarray]]]:
+        """Per kind, each phrase of ``text`` it holds, in the question's word order: (idf, rows, counts). The
+        question is cut and its phrases looked up once, whatever kinds are searched; the idf counts documents of
+        every kind, as FTS5's statistics do."""
+        out: dict[str, list[tuple[float, np.ndarray, np.ndarray]]] = {kind: [] for kind in terms.kinds}
         for word in query_words(text):
             tokens = self.tokens(word, query=True)
-            documents = sum(_count(p, tokens) for p in terms.kinds.values()) if len(tokens) > 1 else None
-            hit = _phrase(part, tokens)
-            if hit is None:
+            hits = {kind: hit for kind, part in terms.kinds.items() if (hit := _phrase(part, tokens)) is not None}
+            if not hits:
                 continue
-            if documents is None:
-                documents = sum(len(p.postings[tokens[0]][0]) for p in terms.kinds.values() if tokens[0] in p.postings)
-            at, counts = hit
+            documents = sum(len(rows) for rows, _ in hits.values())
             idf = math.log((terms.rows - documents + 0.5) / (documents + 0.5))
             if idf <= 0.0:
                 idf = 1e-6  # as FTS5: a word in most rows still counts, barely
-            rows.append(at)
-            weights.append(idf * (counts * (K1 + 1.0)) / (counts + part.norms[at]))
-        if not rows:
-            return np.zeros(0), np.zeros(0, dtype=np.int64)
-        scores = np.bincount(np.concatenate(rows), weights=np.concatenate(weights), minlength=len(part.item_nos))
-        matched = np.flatnonzero(scores > 0.0)  # every contribution is positive (on floats nonzero is 10x slower)
-        return scores[matched], part.item_nos[matched]
+            for kind, (rows, counts) in hits.items():
+                out[kind].append((idf, rows, counts))
+        return out
 
     # -- building the copy ----------------------------------------------------------------------------------------
 
@@ -179,6 +172,18 @@ def _phrase(part: _Kind, tokens: list[str]) -> tuple[np.ndarray, np.ndarray] | N
     return (rows, counts) if len(rows) else None
 
 
+def _scores(part: _Kind, words: list[tuple[float, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The BM25 score and item number of each row of ``part`` that holds a phrase: a row's contributions summed in
+    the question's word order, as FTS5 sums them (one ``bincount``)."""
+    if not words:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    rows = np.concatenate([at for _, at, _ in words])
+    weights = np.concatenate([idf * (counts * (K1 + 1.0)) / (counts + part.norms[at]) for idf, at, counts in words])
+    scores = np.bincount(rows, weights=weights, minlength=len(part.item_nos))
+    matched = np.flatnonzero(scores > 0.0)  # every contribution is positive (on floats nonzero is 10x slower)
+    return scores[matched], part.item_nos[matched]
+
+
 def _kth_largest(values: np.ndarray, k: int, stride: int = 8) -> float:
     """The ``k``-th largest of ``values`` (``k`` <= its length). The k-th largest of every ``stride``-th value is at
     most the answer, so only the values at or above it are partitioned: a fifth of the time for 100k values."""
@@ -186,11 +191,6 @@ def _kth_largest(values: np.ndarray, k: int, stride: int = 8) -> float:
         sample = values[::stride]
         values = values[values >= np.partition(sample, len(sample) - k)[len(sample) - k]]
     return float(np.partition(values, len(values) - k)[len(values) - k])
-
-
-def _count(part: _Kind, tokens: list[str]) -> int:
-    hit = _phrase(part, tokens)
-    return 0 if hit is None else len(hit[0])
 
 
 def _ranked(
