@@ -25,14 +25,15 @@ SWITCHES = {
     "decomposition": "decomposition",
     "episodic": "episodic_context",
     "inference": "infer_answers",
+    "near_matches": "near_match_clues",
 }
 #: ``NAME=N``: its counts
 COUNTS = {"clues": "max_clue_queries", "steps": "max_steps", "top_k": "filter_top_k"}
 ENGINES = ("fast", "planning", "simple")
 KNOWN = (
     "engine=fast|planning|simple, no_enhancement, enhancement, no_decomposition, decomposition, no_episodic, "
-    "episodic, no_inference, inference, flat (the flat retriever instead of the traversal), retriever=NAME, "
-    "clues=1..8, steps=1..12, top_k=1..50, no_batching"
+    "episodic, no_inference, inference, no_near_matches, near_matches, flat (the flat retriever instead of the "
+    "traversal), retriever=NAME, clues=1..8, steps=1..12, top_k=1..50, no_batching"
 )
 
 

@@ -676,7 +676,8 @@ def eval_(
         list[str] | None,
         typer.Option(
             help="a variant of memory answered in the same run (repeatable): no_enhancement, flat, clues=N, "
-            "no_episodic, episodic, no_decomposition, retriever=NAME, top_k=N, no_batching; comma-joined to combine"
+            "no_episodic, episodic, no_decomposition, no_inference, no_near_matches, retriever=NAME, top_k=N, "
+            "no_batching; comma-joined to combine"
         ),
     ] = None,
     retriever: Annotated[list[str] | None, typer.Option(help="retrievers of the LLM-free evaluation")] = None,

@@ -135,6 +135,11 @@ class QueryOptions(BaseModel):
     infer_answers: bool | None = Field(
         default=None, description='"would X ...?" answered by inference from memory (MEMSTREAM_QA_INFER_ANSWERS)'
     )
+    near_match_clues: bool | None = Field(
+        default=None,
+        description="fast engine's rounds: an exactly matched name's near matches substituted too "
+        "(MEMSTREAM_QA_NEAR_MATCH_CLUES)",
+    )
     max_clue_queries: int | None = Field(default=None, ge=1, le=8)
     max_steps: int | None = Field(default=None, ge=1, le=12)
     episodic_context: bool | None = None

@@ -329,6 +329,7 @@ def test_ablation_specs_parse_and_misspelt_ones_are_refused(tmp_path: Path) -> N
     assert parse("no_batching").batch == 1 and parse("retriever=beamsearch+flat").options.retriever == "beamsearch+flat"
     assert parse("top_k=6").options == QueryOptions(filter_top_k=6)
     assert parse("no_inference").options == QueryOptions(infer_answers=False)
+    assert parse("no_near_matches").options == QueryOptions(near_match_clues=False)
     for bad in ("clues=9", "clues=two", "bogus", "retriever=nope", "top_k=0"):
         with pytest.raises(ValueError):
             parse(bad)

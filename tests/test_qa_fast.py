@@ -290,22 +290,25 @@ async def test_an_exactly_matched_name_is_searched_as_written(
 ) -> None:
     """In a round, a director matched exactly gets one clue-query, the step itself; with near-match clues on, each
     near match (another person of the graph) is put in the name's place as well, a search each."""
-    clues: dict[bool, list[list[str]]] = {}
-    for near in (False, True):
+    clues: dict[tuple[bool, bool | None], list[list[str]]] = {}
+    # (MEMSTREAM_QA_NEAR_MATCH_CLUES, the query's option: ablation no_near_matches)
+    for configured, asked in ((False, None), (True, None), (True, False)):
         llm = ScriptedLLM(FastReader().responders())
-        engine = make_fast(films, embedder, llm, matches_per_entity=3, near_match_clues=near)
+        engine = make_fast(films, embedder, llm, matches_per_entity=3, near_match_clues=configured)
         events = Events()
-        answer = await engine.answer(query(PAYMENT_Q), events)
+        answer = await engine.answer(query(PAYMENT_Q, near_match_clues=asked), events)
         assert answer.answer == "Yes: Germany, Germany."
         planned = [e for e in events.of(5) if e.detail["clue_queries"][0].startswith("What country is")]
         assert len(planned) == 2
-        clues[near] = [e.detail["clue_queries"] for e in planned]
+        clues[configured, asked] = [e.detail["clue_queries"] for e in planned]
+        near = configured if asked is None else asked
         assert ("near_matches" in planned[0].detail) is not near
-    assert sorted(c for cs in clues[False] for c in cs) == [
+    assert sorted(c for cs in clues[False, None] for c in cs) == [
         "What country is Carl Boese from?",
         "What country is Curtis Bernhardt from?",
     ]
-    assert all(len(cs) > 1 for cs in clues[True])  # the same step with other people's names
+    assert clues[True, False] == clues[False, None]  # the query's option overrides the setting
+    assert all(len(cs) > 1 for cs in clues[True, None])  # the same step with other people's names
 
 
 async def test_no_decomposition_keeps_the_question_whole(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
