@@ -282,10 +282,11 @@ class Settings(BaseSettings):
     qa_episodic_context: bool = Field(
         default=True, description="show the messages themselves beside the theses (what extraction missed)"
     )
-    # false cut p95 at 1M triplets from 92-104 to 52-78 ms (benchmarks/qa_scale.py), but on LoCoMo's 7 round
-    # questions it turned 1 partly right answer into "No Answer" (docs/benchmarks.md): kept on until measured more
+    # off: p95 at 1M triplets 52-78 ms against 92-104 on (benchmarks/qa_scale.py); answers a tie in the rounds
+    # measured: LoCoMo 7 rounds, one partly right answer lost; 2Wiki 8 rounds, one right answer gained
+    # (docs/evaluation.md, "6 December, 2Wiki")
     qa_near_match_clues: bool = Field(
-        default=True,
+        default=False,
         description="fast engine's rounds: a name matched exactly is also replaced by its near matches in clue-queries",
     )
     log_level: str = "INFO"
