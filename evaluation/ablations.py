@@ -28,12 +28,12 @@ SWITCHES = {
     "near_matches": "near_match_clues",
 }
 #: ``NAME=N``: its counts
-COUNTS = {"clues": "max_clue_queries", "steps": "max_steps", "top_k": "filter_top_k"}
+COUNTS = {"clues": "max_clue_queries", "steps": "max_steps", "top_k": "filter_top_k", "rounds": "max_rounds"}
 ENGINES = ("fast", "planning", "simple")
 KNOWN = (
     "engine=fast|planning|simple, no_enhancement, enhancement, no_decomposition, decomposition, no_episodic, "
     "episodic, no_inference, inference, no_near_matches, near_matches, flat (the flat retriever instead of the "
-    "traversal), retriever=NAME, clues=1..8, steps=1..12, top_k=1..50, no_batching"
+    "traversal), retriever=NAME, clues=1..8, steps=1..12, top_k=1..50, rounds=0..4, no_batching"
 )
 
 

@@ -140,6 +140,9 @@ class QueryOptions(BaseModel):
         description="fast engine's rounds: an exactly matched name's near matches substituted too "
         "(MEMSTREAM_QA_NEAR_MATCH_CLUES)",
     )
+    max_rounds: int | None = Field(
+        default=None, ge=0, le=4, description="fast engine: planning rounds at most (MEMSTREAM_QA_MAX_ROUNDS)"
+    )
     max_clue_queries: int | None = Field(default=None, ge=1, le=8)
     max_steps: int | None = Field(default=None, ge=1, le=12)
     episodic_context: bool | None = None

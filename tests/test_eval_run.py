@@ -330,7 +330,8 @@ def test_ablation_specs_parse_and_misspelt_ones_are_refused(tmp_path: Path) -> N
     assert parse("top_k=6").options == QueryOptions(filter_top_k=6)
     assert parse("no_inference").options == QueryOptions(infer_answers=False)
     assert parse("no_near_matches").options == QueryOptions(near_match_clues=False)
-    for bad in ("clues=9", "clues=two", "bogus", "retriever=nope", "top_k=0"):
+    assert parse("rounds=2").options == QueryOptions(max_rounds=2)
+    for bad in ("clues=9", "clues=two", "bogus", "retriever=nope", "top_k=0", "rounds=5"):
         with pytest.raises(ValueError):
             parse(bad)
     data = write(tmp_path, "tiny.json", TINY_LOCOMO)

@@ -285,6 +285,15 @@ async def test_an_entity_is_matched_once_a_query(films: SqliteMemoryStore, embed
     assert first.detail["matches"] == second.detail["matches"] and first.vertices == second.vertices == 1
 
 
+async def test_a_query_may_bound_the_rounds(films: SqliteMemoryStore, embedder: MiniLMEmbedder) -> None:
+    """The query's ``max_rounds`` (ablation rounds=N) overrides the engine's: 0 keeps the first answer."""
+    llm = ScriptedLLM(FastReader().responders())
+    events = Events()
+    answer = await make_fast(films, embedder, llm).answer(query(PAYMENT_Q, max_rounds=0), events)
+    assert answer.llm_calls == 1 and calls_by_task(llm) == {"answer_check": 1}
+    assert events.of(12)[0].detail["reason"] == "round limit"
+
+
 async def test_an_exactly_matched_name_is_searched_as_written(
     films: SqliteMemoryStore, embedder: MiniLMEmbedder
 ) -> None:
