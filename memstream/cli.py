@@ -677,7 +677,7 @@ def eval_(
         typer.Option(
             help="a variant of memory answered in the same run (repeatable): no_enhancement, flat, clues=N, "
             "no_episodic, episodic, no_decomposition, no_inference, no_near_matches, retriever=NAME, top_k=N, "
-            "no_batching; comma-joined to combine"
+            "rounds=N, engine=NAME, no_batching; comma-joined to combine"
         ),
     ] = None,
     retriever: Annotated[list[str] | None, typer.Option(help="retrievers of the LLM-free evaluation")] = None,

@@ -282,9 +282,9 @@ class Settings(BaseSettings):
     qa_episodic_context: bool = Field(
         default=True, description="show the messages themselves beside the theses (what extraction missed)"
     )
-    # off: p95 at 1M triplets 52-78 ms against 92-104 on (benchmarks/qa_scale.py); answers a tie in the rounds
-    # measured: LoCoMo 7 rounds, one partly right answer lost; 2Wiki 8 rounds, one right answer gained
-    # (docs/evaluation.md, "6 December, 2Wiki")
+    # off: p95 at 1M triplets 52-78 ms against 92-104 on (benchmarks/qa_scale.py); the answers tie in the rounds
+    # measured, off against on: LoCoMo 7 rounds, one partly right answer lost; 2Wiki 8 rounds, one right answer
+    # gained (docs/evaluation.md, "... on 30 2Wiki questions (6 December)")
     qa_near_match_clues: bool = Field(
         default=False,
         description="fast engine's rounds: a name matched exactly is also replaced by its near matches in clue-queries",
