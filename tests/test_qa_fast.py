@@ -309,9 +309,10 @@ async def test_an_exactly_matched_name_is_searched_as_written(
         assert answer.answer == "Yes: Germany, Germany."
         planned = [e for e in events.of(5) if e.detail["clue_queries"][0].startswith("What country is")]
         assert len(planned) == 2
-        clues[configured, asked] = [e.detail["clue_queries"] for e in planned]
+        # the two steps are searched concurrently, so their events come in either order
+        clues[configured, asked] = sorted(e.detail["clue_queries"] for e in planned)
         near = configured if asked is None else asked
-        assert ("near_matches" in planned[0].detail) is not near
+        assert all(("near_matches" in e.detail) is not near for e in planned)
     assert sorted(c for cs in clues[False, None] for c in cs) == [
         "What country is Carl Boese from?",
         "What country is Curtis Bernhardt from?",
