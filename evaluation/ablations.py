@@ -30,10 +30,26 @@ SWITCHES = {
 #: ``NAME=N``: its counts
 COUNTS = {"clues": "max_clue_queries", "steps": "max_steps", "top_k": "filter_top_k", "rounds": "max_rounds"}
 ENGINES = ("fast", "planning", "simple")
-KNOWN = (
-    "engine=fast|planning|simple, no_enhancement, enhancement, no_decomposition, decomposition, no_episodic, "
-    "episodic, no_inference, inference, no_near_matches, near_matches, flat (the flat retriever instead of the "
-    "traversal), retriever=NAME, clues=1..8, steps=1..12, top_k=1..50, rounds=0..4, no_batching"
+
+
+def _bounds(field: str) -> str:
+    """``lo..hi`` of a count, as ``QueryOptions`` bounds it (the query refuses what the ablation would)."""
+    metadata = QueryOptions.model_fields[field].metadata
+    low = next(m.ge for m in metadata if hasattr(m, "ge"))
+    high = next(m.le for m in metadata if hasattr(m, "le"))
+    return f"{low}..{high}"
+
+
+#: every spec, as a refused one's error lists them (the one list: the CLI's help points here)
+KNOWN = ", ".join(
+    [
+        f"engine={'|'.join(ENGINES)}",
+        *(f"no_{name}, {name}" for name in SWITCHES),
+        "flat (the flat retriever instead of the traversal)",
+        "retriever=NAME",
+        *(f"{name}={_bounds(field)}" for name, field in COUNTS.items()),
+        "no_batching",
+    ]
 )
 
 

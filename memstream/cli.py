@@ -675,9 +675,8 @@ def eval_(
     ablation: Annotated[
         list[str] | None,
         typer.Option(
-            help="a variant of memory answered in the same run (repeatable): no_enhancement, flat, clues=N, "
-            "no_episodic, episodic, no_decomposition, no_inference, no_near_matches, retriever=NAME, top_k=N, "
-            "rounds=N, engine=NAME, no_batching; comma-joined to combine"
+            help="a variant of memory answered in the same run (repeatable; comma-joined to combine), e.g. "
+            "no_enhancement, engine=planning, rounds=2: a misspelt one is refused with the list of all"
         ),
     ] = None,
     retriever: Annotated[list[str] | None, typer.Option(help="retrievers of the LLM-free evaluation")] = None,

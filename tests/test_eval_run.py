@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from evaluation import datasets
-from evaluation.ablations import parse
+from evaluation.ablations import SWITCHES, parse
 from evaluation.baselines import FullContext
 from evaluation.run import RETRIEVERS, EvalConfig, evaluate, sample_questions
 from memstream.cli import app
@@ -334,6 +334,10 @@ def test_ablation_specs_parse_and_misspelt_ones_are_refused(tmp_path: Path) -> N
     for bad in ("clues=9", "clues=two", "bogus", "retriever=nope", "top_k=0", "rounds=5"):
         with pytest.raises(ValueError):
             parse(bad)
+    with pytest.raises(ValueError) as refused:  # the refusal lists every switch, with the bounds the query has
+        parse("bogus")
+    assert all(f"no_{name}, {name}" in str(refused.value) for name in SWITCHES)
+    assert "rounds=0..4" in str(refused.value) and "clues=1..8" in str(refused.value)
     data = write(tmp_path, "tiny.json", TINY_LOCOMO)
     args = ["eval", "locomo", "--data", str(data), "--llm", "scripted", "--results", str(tmp_path / "r")]
     result = CliRunner().invoke(app, [*args, "--ablation", "x"])
