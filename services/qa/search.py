@@ -139,8 +139,11 @@ class SearchRoom(RunBase):
             if not rewrite and not self.config.near_match_clues:
                 # an exact match is certain (``matching``); a near match of that name is another thing, and the
                 # step with its name put in searched that other thing's facts, a fused search each
-                matches = {e: [m for m in ms if m.exact] or ms for e, ms in matches.items()}
-                scope.detail["near_matches"] = "left out where the name matched exactly"
+                kept = {e: [m for m in ms if m.exact] or ms for e, ms in matches.items()}
+                left = sum(len(ms) - len(kept[e]) for e, ms in matches.items())
+                if left:
+                    scope.detail["near_matches"] = f"{left} left out: the name they are near matched exactly"
+                matches = kept
             combos = combinations(matches, self.config.max_clue_queries)
             texts: list[str | None] = [
                 mention(step.text, [m.vertex.name for m in combo])
