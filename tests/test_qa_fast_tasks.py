@@ -20,7 +20,7 @@ from services.qa.tasks import (
     Verdict,
 )
 from services.qa.tasks.answer_check import INFER_HINT, asks_inference
-from services.qa.tasks.common import GROUNDING
+from services.qa.tasks.common import GROUNDING, grounded
 
 MEMORY = ["[2023-05-02] Joan Didion wrote Blue Nights", "[2023-05-02] Joan Didion was born in Sacramento"]
 
@@ -37,6 +37,17 @@ def test_prompt_layout_and_schema(task: AnswerCheckTask | SearchPlanTask, inputs
     assert [m.role for m in messages] == ["system", "user", "assistant", "user"]
     assert GROUNDING in messages[0].content and len(messages[0].content) < 700
     task.output_model.model_validate_json(messages[2].content)  # the worked example is valid output
+
+
+def test_the_worked_example_passes_the_answer_check_itself() -> None:
+    """An example the guards would drop (words not in its lines, a name not shown) would teach the model an answer
+    the engine then refuses."""
+    task = AnswerCheckTask()
+    lines = task.example_input.splitlines()
+    memory = [line.removeprefix("- ") for line in lines if line.startswith("- ")]
+    question = next(line.removeprefix("Question: ") for line in lines if line.startswith("Question: "))
+    verdict = task.parse(task.example_output.model_dump_json(), AnswerCheckInput(question=question, memory=memory))
+    assert verdict == Verdict(answer=task.example_output.answer, sufficient=True, missing="")
 
 
 def test_the_answer_is_the_first_field_so_it_streams_first() -> None:
@@ -58,6 +69,20 @@ def test_answer_check_drops_what_the_memory_does_not_say_and_asks_for_more() -> 
     assert verdict == Verdict(answer=None, sufficient=False, missing="the answer")
     nothing = check({"answer": "No answer", "sufficient": False, "missing": "where she was born"})
     assert nothing == Verdict(answer=None, sufficient=False, missing="where she was born")
+
+
+def test_an_answer_naming_the_worked_example_s_people_is_dropped() -> None:
+    """The names of the prompt's example are not the user's: an answer that lists them is no answer from memory,
+    though its other words are; the same names in memory are the user's own."""
+    question = "What musical artists has Melanie seen?"
+    lines = ["[2023-08-01] Melanie saw Ed Sheeran in concert", "[2023-08-01] Melanie went to a Bach recital"]
+    leaked = {"answer": "Melanie has seen Ed Sheeran in concert, a Bach recital and Joan Didion.", "sufficient": True}
+    task = AnswerCheckTask()
+    assert grounded(leaked["answer"], lines, question)  # most of its words are in memory: the names give it away
+    verdict = task.parse(json.dumps(leaked), AnswerCheckInput(question=question, memory=lines))
+    assert verdict == Verdict(answer=None, sufficient=False, missing="the answer")
+    own = [*lines, "[2023-08-02] Melanie heard Joan Didion read"]
+    assert task.parse(json.dumps(leaked), AnswerCheckInput(question=question, memory=own)).answer == leaked["answer"]
 
 
 def test_answer_check_takes_a_date_read_off_a_line_s_stamp() -> None:

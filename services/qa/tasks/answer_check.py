@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from services.qa.tasks.common import PromptTask, content_words, grounded, is_no_info, memory_block, names_in
 
 _ISO_DATE = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
+_LABEL = re.compile(r"^(?:Memory|Question):", re.MULTILINE)
 #: a question of what someone would do, be or like: its answer is an inference, which no line of memory states
 _HYPOTHETICAL = re.compile(r"^\W*(?:would|could|might)\b|\blikely\b", re.IGNORECASE)
 # Said in the question's own message, where a small model heeds it (a rule among the system's it did not follow).
@@ -85,6 +86,15 @@ class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
     def inference(self, question: str) -> bool:
         return self.infer and asks_inference(question)
 
+    def leaks(self, answer: str, inputs: AnswerCheckInput) -> bool:
+        """Whether the answer names someone of the worked example whom neither the memory nor the question names.
+        Tried with a second example (6 December), the 1.5B model listed its two people among the bands a user had
+        seen, and the rest of that answer passed the grounding check."""
+        # the example's lines and answer, without the layout's own capitalised words ("Memory:", "Question:")
+        example_names = names_in(". " + _LABEL.sub("", f"{self.example_input}\n{self.example_output.answer}"))
+        told = content_words(" ".join([*inputs.memory, inputs.question]))
+        return bool((names_in(f". {answer}") & example_names) - told)
+
     def render(self, inputs: AnswerCheckInput) -> str:
         parts = "".join(f"\nPart: {p}" for p in inputs.parts) if len(inputs.parts) > 1 else ""
         when = f"\nAnswer as of {inputs.as_of.date().isoformat()}." if inputs.as_of else ""
@@ -96,7 +106,12 @@ class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
         missing = output.missing.strip()
         # An answer with words the memory does not hold is the model's own knowledge: not an answer from memory.
         sources = [*inputs.memory, *spelled_dates(inputs.memory)]
-        if not answer or is_no_info(answer) or not grounded(answer, sources, inputs.question):
+        if (
+            not answer
+            or is_no_info(answer)
+            or not grounded(answer, sources, inputs.question)
+            or self.leaks(answer, inputs)
+        ):
             answer = None
         # A small model says "sufficient" after finding out about one of two names: each must be in the memory.
         shown, names = content_words(" ".join(inputs.memory)), names_in(inputs.question)
