@@ -75,6 +75,8 @@ def _document(prefix: str, user_id: str, title: str, text: str) -> Document:
 
 
 _SESSION_OF = re.compile(r"D(\d+):\d+$")
+#: a corpus title's trailing disambiguator: "Goodbye, Franziska (1941 film)", "George Pearson (filmmaker)"
+_DISAMBIGUATOR = re.compile(r"\s*\([^()]*\)\s*$")
 
 
 def locomo_session(turn_id: str) -> int:
@@ -197,23 +199,29 @@ def load_musique(path: Path, questions: int | None = None, seed: int = 0) -> Dat
 
 def load_2wiki(path: Path, corpus: Path, questions: int | None = None, seed: int = 0) -> Dataset:
     """2WikiMultihopQA: questions with gold triples; their paragraphs are the corpus passages titled by a triple's
-    subject or object (the file gives no per-question context)."""
-    passages: dict[str, list[tuple[str, str]]] = {}
+    subject or object (the file gives no per-question context). A name no passage is titled by exactly is looked up
+    without the corpus titles' disambiguator: the triple says "Goodbye, Franziska", the passage is titled "Goodbye,
+    Franziska (1941 film)" (105 of the 600 questions' names; all such passages are taken, as a reader would)."""
+    exact: dict[str, list[tuple[str, str]]] = {}
+    plain: dict[str, list[tuple[str, str]]] = {}
     for p in _read(corpus):
-        passages.setdefault(ids.normalize_name(str(p["title"])), []).append((str(p["title"]), str(p["text"])))
+        title = str(p["title"])
+        exact.setdefault(ids.normalize_name(title), []).append((title, str(p["text"])))
+        plain.setdefault(ids.normalize_name(_DISAMBIGUATOR.sub("", title)), []).append((title, str(p["text"])))
 
     def names(r: dict[str, Any]) -> list[str]:
         return list(dict.fromkeys(ids.normalize_name(str(x)) for s, _, o in r.get("evidence", []) for x in (s, o)))
 
+    def paragraphs(r: dict[str, Any]) -> list[tuple[str, str]]:
+        return [p for n in names(r) for p in exact.get(n) or plain.get(n, [])]
+
     def question(r: dict[str, Any], user: str, by_title: dict[str, str]) -> EvalQuestion:
         triples = [(str(s), str(rel), str(o)) for s, rel, o in r.get("evidence", [])]
-        evidence = [by_title[n] for n in names(r) if n in by_title]
+        titles = dict.fromkeys(ids.normalize_name(title) for title, _ in paragraphs(r))
+        evidence = [by_title[t] for t in titles if t in by_title]
         return EvalQuestion(
             str(r["id"]), user, r["question"], [str(r["answer"])], str(r.get("question_type", "")), evidence, triples
         )
-
-    def paragraphs(r: dict[str, Any]) -> list[tuple[str, str]]:
-        return [p for n in names(r) for p in passages.get(n, [])]
 
     return _documents_dataset("2wiki", _sample(_read(path), questions, seed), question, paragraphs)
 

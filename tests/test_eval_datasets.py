@@ -161,6 +161,28 @@ def test_2wiki_paragraphs_are_the_passages_its_triples_name(tmp_path: Path) -> N
     assert len(q.evidence) == 2 and q.triples[1] == ("Ermengarde of Tours", "date of death", "20 March 851")
 
 
+def test_2wiki_finds_a_passage_whose_title_carries_a_disambiguator(tmp_path: Path) -> None:
+    questions = [
+        {"id": "w2", "question_type": "compositional", "question": "Where did Goodbye, Franziska's director die?",
+         "answer": "Castellina in Chianti",
+         "evidence": [["Goodbye, Franziska", "director", "Helmut Käutner"],
+                      ["Helmut Käutner", "place of death", "Castellina in Chianti"]]},
+    ]  # fmt: skip
+    corpus = [
+        {"title": "Goodbye, Franziska (1941 film)", "text": "Goodbye, Franziska is a film by Helmut Käutner."},
+        {"title": "Goodbye, Franziska (1957 film)", "text": "Goodbye, Franziska is a film by Wolfgang Liebeneiner."},
+        {"title": "Helmut Käutner", "text": "Helmut Käutner died in Castellina in Chianti."},
+        {"title": "Helmut Käutner (crater)", "text": "Not the director."},
+    ]
+    ds = datasets.load(
+        "2wiki", tmp_path, write(tmp_path, "q.json", questions), corpus=write(tmp_path, "c.json", corpus)
+    )
+    titles = sorted(e.title or "" for e in ds.events if isinstance(e, Document))
+    # the exact title wins where there is one; without one, every passage of that name is a reader's candidate
+    assert titles == ["Goodbye, Franziska (1941 film)", "Goodbye, Franziska (1957 film)", "Helmut Käutner"]
+    assert len(ds.questions[0].evidence) == 3
+
+
 def test_an_unknown_dataset_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown dataset"):
         datasets.load("squad", tmp_path)
