@@ -7,6 +7,7 @@ the verdict whether that memory was enough (sufficiency) and, if not, what is mi
 from __future__ import annotations
 
 import calendar
+import functools
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -21,6 +22,13 @@ _LABEL = re.compile(r"^(?:Memory|Question):", re.MULTILINE)
 _HYPOTHETICAL = re.compile(r"^\W*(?:would|could|might)\b|\blikely\b", re.IGNORECASE)
 # Said in the question's own message, where a small model heeds it (a rule among the system's it did not follow).
 INFER_HINT = 'This asks for an inference from the lines: answer what is likely and why ("Likely no, since ...").'
+
+
+@functools.cache
+def _example_names(example: str, answer: str) -> frozenset[str]:
+    """The names of a worked example's lines and answer, without the layout's own ("Memory:", "Question:"): fixed
+    per task, so worked out once."""
+    return frozenset(names_in(". " + _LABEL.sub("", f"{example}\n{answer}")))
 
 
 def asks_inference(question: str) -> bool:
@@ -86,14 +94,11 @@ class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
     def inference(self, question: str) -> bool:
         return self.infer and asks_inference(question)
 
-    def leaks(self, answer: str, inputs: AnswerCheckInput) -> bool:
-        """Whether the answer names someone of the worked example whom neither the memory nor the question names.
-        Tried with a second example (6 December), the 1.5B model listed its two people among the bands a user had
-        seen, and the rest of that answer passed the grounding check."""
-        # the example's lines and answer, without the layout's own capitalised words ("Memory:", "Question:")
-        example_names = names_in(". " + _LABEL.sub("", f"{self.example_input}\n{self.example_output.answer}"))
-        told = content_words(" ".join([*inputs.memory, inputs.question]))
-        return bool((names_in(f". {answer}") & example_names) - told)
+    def leaks(self, answer: str, told: set[str]) -> bool:
+        """Whether the answer names someone of the worked example whom ``told`` (the content words of the memory and
+        the question) does not. Tried with a second example (6 December), the 1.5B model listed its two people among
+        the bands a user had seen, and the rest of that answer passed the grounding check."""
+        return bool((names_in(f". {answer}") & _example_names(self.example_input, self.example_output.answer)) - told)
 
     def render(self, inputs: AnswerCheckInput) -> str:
         parts = "".join(f"\nPart: {p}" for p in inputs.parts) if len(inputs.parts) > 1 else ""
@@ -106,15 +111,15 @@ class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
         missing = output.missing.strip()
         # An answer with words the memory does not hold is the model's own knowledge: not an answer from memory.
         sources = [*inputs.memory, *spelled_dates(inputs.memory)]
+        shown, names = content_words(" ".join(inputs.memory)), names_in(inputs.question)
         if (
             not answer
             or is_no_info(answer)
             or not grounded(answer, sources, inputs.question)
-            or self.leaks(answer, inputs)
+            or self.leaks(answer, shown | content_words(inputs.question))
         ):
             answer = None
         # A small model says "sufficient" after finding out about one of two names: each must be in the memory.
-        shown, names = content_words(" ".join(inputs.memory)), names_in(inputs.question)
         inference = self.inference(inputs.question)
         if inference:
             # What an inference is about ("Dr. Seuss books") is what memory lacks, and the model calls it missing
