@@ -352,6 +352,8 @@ FALLBACK = [
     ("I have coached the team since March 2020.", SAID, day(2020, 3, 1), None),  # since: it still holds
     ("I have coached the team since last year.", SAID, day(2022, 1, 1), None),
     ("I have coached the team since I was 12.", SAID, SAID, None),  # no date in it: the message time
+    ("I coached the team on May 7, 2021.", SAID, day(2021, 5, 7), None),  # the year after the comma is its year
+    ("I coached the team from May 7, 2021 to June 1, 2022.", SAID, day(2021, 5, 7), day(2022, 6, 2)),
 ]
 
 

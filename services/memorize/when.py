@@ -81,11 +81,13 @@ _IN_TEXT = re.compile(
     rf"(?:last|past|previous|this|next|coming) (?:week(?:end)?|month|year|{_WEEKDAY}|summer|winter|spring|fall)|"
     rf"{_NUM} (?:day|week|month|year)s? ago|"
     rf"(?:on|last|next|this) {_WEEKDAY}|"
-    rf"{_MONTH_NAME} \d{{1,2}}(?:st|nd|rd|th)?"
+    rf"{_MONTH_NAME} \d{{1,2}}(?:st|nd|rd|th)?(?:,? {_YEAR_WORD})?"
     r")\b",
     re.IGNORECASE,
 )
-_CLAUSE = re.compile(r"[,;:]\s+|\s+-\s+")
+# a comma between a day and its year is not a clause's end: "born April 28, 1978" split there read "April 28" of
+# the year it was said in (a HotpotQA passage's singer became "28 April 2023")
+_CLAUSE = re.compile(rf"(?<!\d),\s+|,\s+(?!{_YEAR_WORD}\b)|[;:]\s+|\s+-\s+")
 #: English ways of speaking of what is to come; "looking forward to the wedding in June", said in March, is this June
 _FUTURE = re.compile(
     r"\b(will|'ll|going to|gonna|plan|planning|hope to|want to|next|upcoming|soon|training for|looking forward|"
