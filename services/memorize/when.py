@@ -58,12 +58,14 @@ _VAGUE = re.compile(r"\b(recently|lately|the other day|soon|someday|sometime|alw
 _WEEKDAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun)"
 _MONTH_NAME = "(?:" + "|".join(calendar.month_name[1:]).lower() + ")"
 _YEAR_WORD = r"(?:19|20)\d\d"
+#: "May 7", "May 7th", "April 28, 1978": a day, with its year when one follows
+_MONTH_DAY = rf"{_MONTH_NAME} \d{{1,2}}(?:st|nd|rd|th)?(?:,? {_YEAR_WORD})?"
 #: a time as it occurs in running text, alone or after "until", "since", "from ... to" (longest alternatives first)
 _DATE = (
     r"(?:the day before yesterday|yesterday|today|tonight|tomorrow|last night|this morning|"
     rf"(?:last|past|previous|this|next|coming) (?:week(?:end)?|month|year|{_WEEKDAY}|summer|winter|spring|fall)|"
     rf"{_NUM} (?:day|week|month|year)s? ago|"
-    rf"{_MONTH_NAME} \d{{1,2}}(?:st|nd|rd|th)?(?:,? {_YEAR_WORD})?|"
+    rf"{_MONTH_DAY}|"
     rf"{_MONTH_NAME}(?: (?:of )?{_YEAR_WORD})?|"
     rf"{_YEAR_WORD}|"
     rf"(?:last |next |this |on )?{_WEEKDAY})"
@@ -81,7 +83,7 @@ _IN_TEXT = re.compile(
     rf"(?:last|past|previous|this|next|coming) (?:week(?:end)?|month|year|{_WEEKDAY}|summer|winter|spring|fall)|"
     rf"{_NUM} (?:day|week|month|year)s? ago|"
     rf"(?:on|last|next|this) {_WEEKDAY}|"
-    rf"{_MONTH_NAME} \d{{1,2}}(?:st|nd|rd|th)?(?:,? {_YEAR_WORD})?"
+    rf"{_MONTH_DAY}"
     r")\b",
     re.IGNORECASE,
 )
