@@ -69,12 +69,13 @@ def settings_for(data_dir: Path, **overrides: Any) -> Settings:
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]
 
 
-async def run_service(messages: list[ChatMessage], batch: int, chunk: int) -> dict[str, Any]:
+async def run_service(messages: list[ChatMessage], batch: int, chunk: int, **overrides: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        settings = settings_for(Path(tmp), batch_max_messages=batch)
+        settings = settings_for(Path(tmp), batch_max_messages=batch, **overrides)
         llm = rule_based_llm()
         services = await build_services(settings, llm=llm)
         try:
+            await services.embedder.embed(["warm up"])  # the model's load (or a table's distillation) is not memorize
             started = time.perf_counter()
             for i in range(0, len(messages), chunk):
                 await services.memorize.memorize(messages[i : i + chunk])

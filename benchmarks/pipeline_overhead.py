@@ -2,6 +2,7 @@
 embedder, 20 interleaved users with texts of their own; today's tree and a pinned commit side by side in one run.
 
   python benchmarks/pipeline_overhead.py --messages 400 --users 20 --baseline bf1cd16
+  python benchmarks/pipeline_overhead.py --embedder minilm --embedder static    # the two embedders, this tree
 
 The baseline commit is unpacked (``git archive``) into a temporary folder and the same measurement runs there in a
 subprocess, so both figures share the machine's load at the time. Reports messages/s, texts embedded per message and
@@ -24,24 +25,29 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(messages: int, users: int, data_dir: Path) -> dict[str, Any]:
+def measure(messages: int, users: int, data_dir: Path, embedder: str = "minilm") -> dict[str, Any]:
     """One run in this process, on whatever tree ``services`` is imported from."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import ingest  # the benchmark's own message set and service runner
 
-    from services.adapters.minilm import MiniLMEmbedder
+    from services.llm.factory import build_embedder
+    from services.settings import Settings
 
     texts_embedded: list[int] = []
-    inner = MiniLMEmbedder.embed
+    kind = type(build_embedder(Settings(_env_file=None, embedder=embedder)))  # type: ignore[call-arg]
+    inner = kind.embed
 
-    async def counted(self: MiniLMEmbedder, texts: Any) -> list[list[float]]:
+    async def counted(self: Any, texts: Any) -> list[list[float]]:
         texts_embedded.append(len(texts))
         return await inner(self, texts)
 
-    MiniLMEmbedder.embed = counted  # type: ignore[method-assign]
+    kind.embed = counted  # type: ignore[method-assign]
     batch = ingest.load_messages(data_dir, messages, users)
-    result = asyncio.run(ingest.run_service(batch, batch=8, chunk=64))
+    overrides = {"embedder": embedder} if embedder != "minilm" else {}  # a baseline tree may not know the setting
+    result = asyncio.run(ingest.run_service(batch, batch=8, chunk=64, **overrides))
+    texts_embedded.pop(0)  # the warm-up
     return {
+        "embedder": embedder,
         "messages": result["messages"],
         "seconds": result["seconds"],
         "messages_per_s": result["messages_per_s"],
@@ -70,6 +76,9 @@ def main() -> int:
     parser.add_argument("--baseline", default=None, help="a commit to measure beside this tree, in the same run")
     parser.add_argument("--only-here", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument(
+        "--embedder", action="append", choices=["minilm", "static"], help="this tree with each (default: minilm)"
+    )
     args = parser.parse_args()
     if args.only_here:
         sys.stdout.write(json.dumps(measure(args.messages, args.users, args.data_dir)) + "\n")
@@ -78,7 +87,9 @@ def main() -> int:
     if args.baseline:
         measured = baseline(args.baseline, args.messages, args.users, args.data_dir)
         results["baseline"] = {"commit": args.baseline, **measured}
-    results["this_tree"] = measure(args.messages, args.users, args.data_dir)
+    for embedder in args.embedder or ["minilm"]:
+        key = "this_tree" if embedder == "minilm" else f"this_tree_{embedder}"
+        results[key] = measure(args.messages, args.users, args.data_dir, embedder)
     sys.stdout.write(json.dumps(results) + "\n")
     return 0
 

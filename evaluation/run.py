@@ -496,7 +496,24 @@ class Harness:
             elif self.config.judge:
                 row |= await self._judge(q, AnswerJudgeTask(), AnswerJudgeInput(q.text, q.answers, answer.answer))
             self.rows.add(row)
+        await self._judge_unjudged(arms)
         self.run_usage["answers"] = _fresh(before, _snapshot(self.llm))
+
+    async def _judge_unjudged(self, arms: dict[str, Arm]) -> None:
+        """Answers kept from a run without the judge are judged when a run with it resumes: the answers stand as
+        they were, only the verdicts are added (a verdict that failed stays counted as failed)."""
+        if not self.config.judge:
+            return
+        todo = [
+            (q, row)
+            for q in self.sample()
+            if not q.unanswerable
+            for m in arms
+            if (row := self.rows.rows.get(f"answer:{m}:{q.id}")) is not None and "answer" in row and "judge" not in row
+        ]
+        for q, row in self._bar(todo, "judge"):
+            verdict = await self._judge(q, AnswerJudgeTask(), AnswerJudgeInput(q.text, q.answers, row["answer"]))
+            self.rows.add(row | verdict)
 
     async def _judge(self, q: EvalQuestion, task: Any, inputs: Any) -> dict[str, Any]:
         before = _snapshot(self.judge)

@@ -240,6 +240,19 @@ class Embedder(ABC):
         return None
 
 
+class BlockingEmbedder(Embedder):
+    """An embedder that computes in this process: ``embed`` runs the blocking ``embed_sync`` off the event loop."""
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        return await asyncio.to_thread(self.embed_sync, list(texts))
+
+    @abstractmethod
+    def embed_sync(self, texts: Sequence[str]) -> list[list[float]]:
+        """Blocking variant, for callers that are already off the event loop."""
+
+
 class LLMMessage(BaseModel):
     role: str
     content: str

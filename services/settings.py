@@ -179,7 +179,11 @@ class Settings(BaseSettings):
         default=None, description="'module:function' returning a ScriptedLLM, when llm == 'scripted' (tests, demos)"
     )
     ollama_host: str = "http://127.0.0.1:11434"
-    embedder: Literal["minilm", "ollama"] = "minilm"
+    embedder: Literal["minilm", "static", "ollama"] = Field(
+        default="minilm",
+        description="minilm: all-MiniLM-L6-v2 (int8 ONNX); static: a token table distilled from it, ~90x faster, a "
+        "little less recall (docs/benchmarks.md); ollama: embed_model served by Ollama",
+    )
     embed_model: str = "all-minilm"
 
     # Gateway

@@ -112,6 +112,26 @@ def test_a_row_cut_by_a_crash_is_scored_again(tmp_path: Path) -> None:
     assert sorted(keys) == sorted(json.loads(x)["key"] for x in lines)
 
 
+def test_a_run_with_the_judge_judges_the_answers_a_run_without_it_kept(tmp_path: Path) -> None:
+    data = write(tmp_path, "tiny.json", TINY_LOCOMO)
+    results = tmp_path / "results"
+    args = ("locomo", "--data", str(data), "--llm", "scripted", "--results", str(results), "--mode", "memory")
+    run_cli(*args, "--no-judge")
+    unjudged = {r["key"]: r for r in _rows(results) if r["kind"] == "answer"}
+    assert len(unjudged) == 3 and not any("judge" in r for r in unjudged.values())
+
+    judged = run_cli(*args)
+    assert judged["calls"] == 3  # one verdict a question, no answer asked again
+    rows = {r["key"]: r for r in _rows(results) if r["kind"] == "answer"}
+    assert rows.keys() == unjudged.keys()
+    for key, row in rows.items():
+        assert row["judge"] in (True, False) and row["judge_reason"] and row["judge_llm"]["calls"] == 1
+        assert {k: v for k, v in row.items() if not k.startswith("judge")} == unjudged[key]  # the answer as it was
+    summary = json.loads((results / "results.json").read_text())
+    assert summary["answers"]["memory"]["all"]["judged"] == 3
+    assert run_cli(*args)["calls"] == 0  # judged once
+
+
 def test_retrieval_only_makes_no_answer_call(tmp_path: Path) -> None:
     data = write(tmp_path, "tiny.json", TINY_LOCOMO)
     args = ("locomo", "--data", str(data), "--llm", "scripted", "--results", str(tmp_path / "r"), "--no-answers")

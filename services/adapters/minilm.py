@@ -7,7 +7,6 @@ neither package's Python code is imported.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import threading
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from services.logging import get_logger
-from services.ports import Embedder
+from services.ports import BlockingEmbedder
 
 log = get_logger(__name__)
 
@@ -39,7 +38,7 @@ def installed_file(distribution: str, filename: str) -> Path:
     raise FileNotFoundError(f"{distribution} has no file {filename!r}")
 
 
-class MiniLMEmbedder(Embedder):
+class MiniLMEmbedder(BlockingEmbedder):
     """384-dimensional, mean-pooled, L2-normalised embeddings; inference runs in a worker thread."""
 
     dim = 384
@@ -65,13 +64,7 @@ class MiniLMEmbedder(Embedder):
         # runs would only oversubscribe the cores.
         self._lock = threading.Lock()
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        if not texts:
-            return []
-        return await asyncio.to_thread(self.embed_sync, list(texts))
-
     def embed_sync(self, texts: Sequence[str]) -> list[list[float]]:
-        """Blocking variant, for callers that are already off the event loop."""
         if not texts:
             return []
         with self._lock:

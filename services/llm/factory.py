@@ -87,6 +87,10 @@ def build_embedder(settings: Settings) -> Embedder:
         from services.adapters.minilm import MiniLMEmbedder
 
         return MiniLMEmbedder()
+    if settings.embedder == "static":
+        from services.adapters.static_embedder import StaticEmbedder
+
+        return StaticEmbedder(settings.data_dir / "models")
     if settings.embedder == "ollama":
         from services.adapters.ollama import OllamaEmbedder
 
