@@ -69,6 +69,10 @@ LABEL_OUTCOMES = Counter(
     "Judged pairs by what the label rules made of them (supersede, conflict, confirm, refute, keep)",
     ["outcome"],
 )
+FACTS_CUT = Counter(
+    "memstream_extraction_facts_cut_total",
+    "Extracted facts the sentence bound ended mid-sentence (kept as written, marked cut on the thesis)",
+)
 FACTS_DROPPED = Counter(
     "memstream_extraction_facts_dropped_total", "Extracted facts dropped by the deterministic checks", ["reason"]
 )

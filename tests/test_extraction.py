@@ -247,6 +247,36 @@ def test_compact_subject_longer_than_a_subject_may_be_is_cut_at_a_word_not_rejec
     assert found.subject == "Infante Antonio Pascual Francisco Javier Juan Nepomuceno"
 
 
+def test_a_fact_the_sentence_bound_ended_is_kept_marked_and_counted() -> None:
+    """Nothing silent: a sentence the grammar stopped at its bound says so on the thesis, the episode and a metric."""
+    from prometheus_client import REGISTRY
+
+    from services.memorize.builder import ChangeSetBuilder, Source, fact_of, fact_record
+    from services.memorize.compact import MAX_FACT, was_cut
+    from services.memorize.extraction import _labels
+    from services.memorize.service import _with_outcome
+
+    words = "Sid Haig was an American actor, musician and film producer who appeared in many horror films "
+    cut = (words * 3)[:MAX_FACT].rstrip()  # what the grammar lets through: the bound, mid-word
+    whole = "Sid Haig was born in Fresno, California."
+    assert was_cut(cut) and not was_cut(whole) and not was_cut(cut[:-1] + ".")
+    passage = ExtractionInput(items=[Item("Sid Haig", f"{cut} and more. {whole}", T, document=True)])
+    (label,) = _labels(passage)
+    facts = [{"fact": f, "object": "", "when": "", "kind": "FACT", "temporal": "STATIC"} for f in (cut, whole)]
+    (found,) = ExtractTask().parse(json.dumps({"messages": [{"m": label, "facts": facts}]}), passage)
+    assert [(f.text, f.cut) for f in found.facts] == [(cut, True), (whole, False)]  # kept as written
+    assert [fact_of(fact_record(f)).cut for f in found.facts] == [True, False]  # a replay keeps the mark
+
+    counted = REGISTRY.get_sample_value("memstream_extraction_facts_cut_total") or 0.0
+    episode = _with_outcome(Source("d1", 0, passage.items[0].text, T, T, {}), found)
+    assert episode.props["facts_cut"] == "1"
+    assert REGISTRY.get_sample_value("memstream_extraction_facts_cut_total") == counted + 1
+    builder = ChangeSetBuilder("sid", "c", ["d1"])
+    cut_id, whole_id = builder.add(episode, found)
+    theses = {v.id: v for v in builder.build(0).vertices}
+    assert theses[cut_id].props["cut"] == "length" and "cut" not in theses[whole_id].props
+
+
 @pytest.mark.parametrize("sentence", ["The class starts in June.", "She quit her job.", "It was fun."])
 def test_compact_sentence_that_names_nobody_has_a_pronoun_subject(sentence: str) -> None:
     from services.memorize.attribution import Speakers

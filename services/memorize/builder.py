@@ -115,6 +115,8 @@ def fact_record(fact: Fact) -> dict[str, Any]:
         record["when"] |= {k: True for k in ("ended", "open_start") if getattr(fact.when, k)}
     if fact.unresolved:
         record["unresolved"] = fact.unresolved
+    if fact.cut:
+        record["cut"] = True
     for end in ALIAS_ENDS:
         alias = getattr(fact, f"{end}_alias")
         if alias is not None:
@@ -143,6 +145,7 @@ def fact_of(record: Mapping[str, Any]) -> Fact:
         **fields,
         when=when,
         unresolved=str(record.get("unresolved", "")),
+        cut=bool(record.get("cut")),
         subject_alias=subject_alias,
         object_alias=object_alias,
     )
@@ -539,6 +542,8 @@ def thesis_vertex(user_id: str, fact: Fact, src: Source) -> Vertex:
         props |= {f"when_{k}": "true" for k in ("ended", "open_start") if getattr(fact.when, k)}
     elif fact.unresolved:
         props["when_unresolved"] = fact.unresolved  # said, though no date could be read from it
+    if fact.cut:
+        props["cut"] = "length"  # ended by the sentence bound, not by the model: a reader sees why it stops short
     thesis_id = ids.thesis_id(user_id, text)
     t_valid = validity(fact.when, fact.kind, src.event_time)[0]
     return Vertex(

@@ -53,7 +53,7 @@ class FactOut(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     subject: _text(compact.MAX_SUBJECT, 1)  # type: ignore[valid-type]
-    fact: _text(200, 8)  # type: ignore[valid-type]
+    fact: _text(compact.MAX_FACT, 8)  # type: ignore[valid-type]
     relation: _text(40)  # type: ignore[valid-type]
     object: _text(60)  # type: ignore[valid-type]
     when: _text(40) = ""  # type: ignore[valid-type]
@@ -380,7 +380,17 @@ class ExtractTask(LLMTask[ExtractionOut, list[ItemFacts]]):
                     continue
                 when, unresolved = _when(raw.when, raw, subject, source, speakers)
                 results[target - 1].facts.append(
-                    Fact(subject, text, raw.relation, obj, raw.kind, raw.temporal, when, unresolved)
+                    Fact(
+                        subject,
+                        text,
+                        raw.relation,
+                        obj,
+                        raw.kind,
+                        raw.temporal,
+                        when,
+                        unresolved,
+                        cut=compact.was_cut(raw.fact),
+                    )
                 )
         return results
 

@@ -62,6 +62,8 @@ class Fact:
     when: When | None = None
     #: time words the message says of this fact that name no time ``resolve`` can place ("since I was 12")
     unresolved: str = ""
+    #: the sentence bound ended it mid-sentence (``compact.was_cut``): kept as written, marked on the thesis, counted
+    cut: bool = False
     subject_alias: Alias | None = None
     object_alias: Alias | None = None
 

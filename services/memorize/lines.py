@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.memorize.compact import KINDS, TEMPORALS
+from services.memorize.compact import KINDS, MAX_FACT, TEMPORALS
 
 SYSTEM_LINES = """You keep a long-term memory of what people tell each other. For EACH numbered message list the \
 facts worth remembering about people: what they did, do, plan, own, like, feel or think, with names, places, dates \
@@ -45,7 +45,7 @@ EXAMPLE_OUT_LINES = """[1] Anna: Hi Ben! How was your
 """
 
 # field bounds as the compact schema's (``compact.fact_schema``)
-_SENTENCE = (8, 200)
+_SENTENCE = (8, MAX_FACT)
 _OBJECT = 60
 _WHEN = 40
 

@@ -192,6 +192,9 @@ def _with_outcome(source: Source, found: ItemFacts) -> Source:
         metrics.MEMORIZE_NO_FACTS.labels(reason=reason).inc()
     for reason in found.dropped:
         metrics.FACTS_DROPPED.labels(reason=reason).inc()
+    if cut := sum(f.cut for f in found.facts):
+        props["facts_cut"] = str(cut)
+        metrics.FACTS_CUT.inc(cut)
     return replace(source, props={**source.props, **props})
 
 
