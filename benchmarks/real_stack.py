@@ -46,11 +46,13 @@ from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.remote import RemoteMemoryStore
 from services.adapters.sqlite import SqliteMemoryStore
 from services.domain import ChangeSet, Edge, EdgeKind, Vertex, VertexKind
+from services.llm.factory import build_embedder
 from services.llm.scripted import ScriptedLLM
 from services.qa.base import QAConfig
 from services.qa.planning import PlanningQA
 from services.retrieval.base import Retriever
 from services.retrieval.registry import get_retriever
+from services.settings import Settings
 from streams.codec import encode
 from streams.topics import TopicNames
 
@@ -85,16 +87,18 @@ async def timed(samples: list[float], call: Awaitable[Any]) -> Any:
 
 
 @asynccontextmanager
-async def open_store(backend: str, users: list[str]) -> AsyncIterator[SqliteMemoryStore | RemoteMemoryStore]:
+async def open_store(
+    backend: str, users: list[str], dim: int = DIM, prefix: str = PREFIX
+) -> AsyncIterator[SqliteMemoryStore | RemoteMemoryStore]:
     """A fresh store: a new SQLite file, or the real servers with these users forgotten first."""
     if backend == "embedded":
         with tempfile.TemporaryDirectory() as tmp:
-            async with await SqliteMemoryStore.open(Path(tmp) / "bench.sqlite3", dim=DIM) as store:
+            async with await SqliteMemoryStore.open(Path(tmp) / "bench.sqlite3", dim=dim) as store:
                 yield store
         return
     env = addresses()
     remote = await RemoteMemoryStore.open(
-        env["MEMSTREAM_DGRAPH"], env["MEMSTREAM_WEAVIATE_HTTP"], env["MEMSTREAM_WEAVIATE_GRPC"], DIM, prefix=PREFIX
+        env["MEMSTREAM_DGRAPH"], env["MEMSTREAM_WEAVIATE_HTTP"], env["MEMSTREAM_WEAVIATE_GRPC"], dim, prefix=prefix
     )
     try:
         for user in users:
@@ -218,11 +222,16 @@ async def bench_qa(backend: str, limit: int) -> dict[str, Any]:
 # -- ingest ---------------------------------------------------------------------------------------------------------
 
 
-async def bench_ingest(backend: str, messages: int, users: int, workers: int = 1) -> dict[str, Any]:
+async def bench_ingest(
+    backend: str, messages: int, users: int, workers: int = 1, embedder: str = "minilm"
+) -> dict[str, Any]:
     batch = load_messages(DATA, messages, users)
     run = uuid.uuid4().hex[:8]
     overrides: dict[str, Any] = {"batch_wait_s": 0.2, "topic_prefix": f"bench-{run}", "consumer_group": f"bench-{run}"}
     overrides["broker"] = None  # embedded: `up` starts Tansu (and MEMSTREAM_BROKER in the environment must not win)
+    overrides["embedder"] = embedder
+    # a collection holds one embedder's vectors: each embedder its own prefix
+    prefix = PREFIX if embedder == "minilm" else f"{PREFIX}{embedder.title()}"
     if backend == "real":
         env = addresses()
         overrides |= {
@@ -231,12 +240,15 @@ async def bench_ingest(backend: str, messages: int, users: int, workers: int = 1
             "dgraph": env["MEMSTREAM_DGRAPH"],
             "weaviate_http": env["MEMSTREAM_WEAVIATE_HTTP"],
             "weaviate_grpc": env["MEMSTREAM_WEAVIATE_GRPC"],
-            "weaviate_prefix": PREFIX,
+            "weaviate_prefix": prefix,
         }
-        async with open_store("real", sorted({m.user_id for m in batch})):
+        dim = build_embedder(Settings(_env_file=None, embedder=embedder)).dim  # type: ignore[call-arg]
+        async with open_store("real", sorted({m.user_id for m in batch}), dim, prefix):
             pass  # forget the users a previous run left
     with tempfile.TemporaryDirectory() as tmp:
         settings = settings_for(Path(tmp), **overrides)
+        # the workers' embedder loaded (a static table distilled into this data dir) before the clock starts
+        await build_embedder(settings).embed(["warm up"])
         stack = Stack(settings, settings.host, settings.port, workers=workers, startup_timeout_s=120)
         await stack.start()
         try:
@@ -276,6 +288,7 @@ async def bench_ingest(backend: str, messages: int, users: int, workers: int = 1
         sent.setdefault(m.user_id, []).append(m.event_id)
     return {
         "workers": workers,
+        "embedder": embedder,
         "messages": len(batch),
         "seconds": round(elapsed, 2),
         "messages_per_s": round(len(batch) / elapsed, 2),
@@ -292,7 +305,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "store": lambda b: bench_store(b, args.change_sets),
         "traversal": lambda b: bench_traversal(b, args.objects),
         "qa": lambda b: bench_qa(b, args.qa_limit),
-        "ingest": lambda b: bench_ingest(b, args.messages, args.users, args.workers),
+        "ingest": lambda b: bench_ingest(b, args.messages, args.users, args.workers, args.embedder),
     }
     out: dict[str, Any] = {"benchmark": "real_stack", "load_average_start": os.getloadavg()[0]}
     for name in args.sections.split(","):
@@ -311,6 +324,9 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=300)
     parser.add_argument("--users", type=int, default=10)
     parser.add_argument("--workers", type=int, default=1, help="ingest: Faust workers in the one consumer group")
+    parser.add_argument(
+        "--embedder", choices=["minilm", "static"], default="minilm", help="ingest: the workers' embedder"
+    )
     args = parser.parse_args()
     addresses()
     sys.stdout.write(json.dumps(asyncio.run(run(args))) + "\n")
