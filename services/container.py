@@ -41,9 +41,15 @@ async def open_stores(settings: Settings, dim: int) -> Stores:
         from services.adapters.remote import RemoteMemoryStore
 
         return (await RemoteMemoryStore.from_settings(settings, dim)).stores()
-    from services.adapters.sqlite import SqliteMemoryStore
+    from services.adapters.sqlite import SqliteMemoryStore, StoreDimensionError
 
-    return SqliteMemoryStore(settings.store_path, dim=dim).stores()
+    try:
+        return SqliteMemoryStore(settings.store_path, dim=dim).stores()
+    except StoreDimensionError as exc:
+        raise StoreDimensionError(
+            f"{exc}: {settings.store_path} holds vectors of another embedder than MEMSTREAM_EMBEDDER="
+            f"{settings.embedder}; start with the embedder it was built with, or another MEMSTREAM_DATA_DIR"
+        ) from exc
 
 
 async def build_services(settings: Settings, llm: LLM | None = None) -> Services:

@@ -81,3 +81,14 @@ def test_the_setting_builds_it_beside_the_models(tmp_path: Path) -> None:
     assert isinstance(built, StaticEmbedder)
     assert built.cache_dir == tmp_path / "models"
     assert built.dim == 256
+
+
+async def test_a_memory_built_with_minilm_refuses_the_static_embedder_and_says_why(tmp_path: Path) -> None:
+    from services.adapters.sqlite import StoreDimensionError
+    from services.container import open_stores
+
+    built = await open_stores(Settings(data_dir=tmp_path, store="sqlite", embedder="minilm"), 384)
+    await built.close()
+    with pytest.raises(StoreDimensionError, match="MEMSTREAM_EMBEDDER=static") as caught:
+        await open_stores(Settings(data_dir=tmp_path, store="sqlite", embedder="static"), DIM)
+    assert "dim=384" in str(caught.value) and str(tmp_path) in str(caught.value)

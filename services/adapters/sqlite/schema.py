@@ -189,6 +189,10 @@ def _derive_edge_validity(conn: apsw.Connection, stored: dict[str, str]) -> None
         log.info("sqlite_edge_validity_derived", edges=derived)
 
 
+class StoreDimensionError(ValueError):
+    """The store's vectors have another size than the embedder's: they came from another embedder."""
+
+
 def create_schema(conn: apsw.Connection, dim: int) -> None:
     """Idempotent; safe when several processes open a fresh file at once (one IMMEDIATE transaction)."""
     conn.execute("BEGIN IMMEDIATE")
@@ -203,7 +207,7 @@ def create_schema(conn: apsw.Connection, dim: int) -> None:
                 [("schema_version", SCHEMA_VERSION), ("dim", str(dim))],
             )
         elif stored.get("dim") != str(dim):
-            raise ValueError(f"store was created with dim={stored.get('dim')}, opened with dim={dim}")
+            raise StoreDimensionError(f"store was created with dim={stored.get('dim')}, opened with dim={dim}")
         elif stored.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"store schema {stored.get('schema_version')}, this code knows {SCHEMA_VERSION}")
         _derive_edge_validity(conn, stored)
