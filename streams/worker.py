@@ -9,7 +9,7 @@ import faust
 
 from services.container import build_services
 from services.logging import get_logger
-from services.ports import LLM
+from services.ports import LLM, BlockingEmbedder
 from services.settings import Settings
 from streams.app import create_app
 from streams.cancels import CancelFeed, Cancellations
@@ -54,6 +54,10 @@ async def run_worker(
     await wait_for_kafka(servers, settings=settings)
     await ensure_topics(settings, servers)
     services = await build_services(settings, llm)
+    if isinstance(services.embedder, BlockingEmbedder):
+        # an in-process embedder loaded (a static table distilled, the first time) before events are taken, not
+        # inside the first batch; a served one (Ollama) keeps its own outage handling
+        await services.embedder.embed(["warm up"])
     cancels = Cancellations()
     cancel_feed = CancelFeed(servers, TopicNames.from_settings(settings).query_control, cancels, settings)
     try:
