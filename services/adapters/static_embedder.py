@@ -7,8 +7,8 @@ dimensions by PCA and weighted by a Zipf estimate of the token's frequency (rare
 here, so the ~20 lines of the recipe live in this module. The table is distilled once (about 16 s on 2 cores) and
 kept beside the models as a ``.npy`` named by the ONNX file's hash and the recipe's version.
 
-Why it exists: on 2 CPU cores MiniLM embeds ~140 chat messages a second and bounds memorize at ~58 messages/s with
-no model time at all; a token-table lookup embeds thousands a second. What it costs in retrieval:
+Why it exists: on 2 CPU cores MiniLM embeds ~140 chat messages a second and bounds memorize at 60-70 messages/s
+with no model time at all; a token-table lookup embeds thousands a second. What it costs in retrieval:
 ``docs/benchmarks.md``, "A static embedder".
 """
 
@@ -34,8 +34,8 @@ log = get_logger(__name__)
 RECIPE = "m2v-pca256-zipf1e-4-v1"
 DIM = 256
 SIF = 1e-4
-# BERT's special tokens: never part of a text's mean
-_CLS, _SEP, _PAD, _UNK = 101, 102, 0, 100
+# BERT's special tokens: a token's row is read between [CLS] and [SEP]; [UNK] stands for a text of no token
+_CLS, _SEP, _UNK = 101, 102, 100
 
 
 def distill(model: MiniLMEmbedder, vocab_size: int, *, batch: int = 1024) -> np.ndarray[Any, Any]:
