@@ -26,6 +26,7 @@ SWITCHES = {
     "episodic": "episodic_context",
     "inference": "infer_answers",
     "near_matches": "near_match_clues",
+    "chain": "chain_context",
 }
 #: ``NAME=N``: its counts
 COUNTS = {"clues": "max_clue_queries", "steps": "max_steps", "top_k": "filter_top_k", "rounds": "max_rounds"}

@@ -143,6 +143,11 @@ class QueryOptions(BaseModel):
     max_rounds: int | None = Field(
         default=None, ge=0, le=4, description="fast engine: planning rounds at most (MEMSTREAM_QA_MAX_ROUNDS)"
     )
+    chain_context: bool | None = Field(
+        default=None,
+        description="fast engine: the first answer's lines grouped along the question's chain "
+        "(MEMSTREAM_QA_CHAIN_CONTEXT)",
+    )
     max_clue_queries: int | None = Field(default=None, ge=1, le=8)
     max_steps: int | None = Field(default=None, ge=1, le=12)
     episodic_context: bool | None = None

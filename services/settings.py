@@ -293,6 +293,11 @@ class Settings(BaseSettings):
         default=False,
         description="fast engine's rounds: a name matched exactly is also replaced by its near matches in clue-queries",
     )
+    qa_chain_context: bool = Field(
+        default=False,
+        description="fast engine: the first answer's lines grouped along the question's chain (its names' lines, "
+        "then the lines of what those name, then the rest), by the graph, no call",
+    )
     log_level: str = "INFO"
     log_json: bool | None = Field(default=None, description="None: JSON unless stderr is a terminal")
 

@@ -67,6 +67,10 @@ class QAConfig(BaseModel):
         default=Settings.model_fields["qa_near_match_clues"].default,
         description="fast engine's rounds: substitute an exactly matched name's near matches too (a search each)",
     )
+    chain_context: bool = Field(
+        default=Settings.model_fields["qa_chain_context"].default,
+        description="fast engine: the first answer's lines laid out along the question's chain (``qa.chain``)",
+    )
     budget: int = Field(default=20, ge=1, description="triplets per traversal")
     task_attempts: int = Field(default=3, ge=1, description="tries per LLM task on invalid output")
     max_sub_questions: int = Field(default=4, ge=1, le=8)
@@ -95,6 +99,7 @@ class QAConfig(BaseModel):
             "episodic_context": settings.qa_episodic_context,
             "near_match_clues": settings.qa_near_match_clues,
             "max_rounds": settings.qa_max_rounds,
+            "chain_context": settings.qa_chain_context,
         }
         return cls(**(base | overrides))
 

@@ -5,9 +5,12 @@ as the one clue-query seeded by every match (5), one traversal and filter (6-7),
 whether the memory sufficed (8, 9 and 13 merged). Only when it did not, a planning round: one call decomposes the
 question, plans the search steps with the names each mentions and writes them with what the first answer found and
 missed (1, 2, 3 and 10 merged); each step is searched without a call (4-7, clue-queries by substitution); one more
-answer call reads everything found. A question that asks for an inference ("Would she ...?") gets no round: its
-first answer is the inference (see ``AnswerCheckTask``). ``max_rounds`` bounds the rounds: 1 + 2 x rounds calls at
-most (3 by default), a retried invalid output apart. Every stage still emits its event; a merged or skipped one
+answer call reads everything found. With ``chain_context`` the first answer reads along the question's chain
+(``qa.chain``): the named thing's lines first, then, when that answer is insufficient or names another thing, that
+thing's lines (searched without a call) with what was found: 1 or 2 calls. A question that asks for an inference
+("Would she ...?") gets no round: its first answer is the inference (see ``AnswerCheckTask``). ``max_rounds`` bounds
+the rounds: 1 + 2 x rounds calls at most (3 by default; one more reading along the chain), a retried invalid output
+apart. Every stage still emits its event; a merged or skipped one
 says so in its detail.
 """
 
@@ -17,6 +20,7 @@ from schemas.events import Answer, AnswerStatus, Query, StageStatus
 from services.domain import Triplet
 from services.llm.task import TaskFailed
 from services.qa.base import NO_ANSWER, Clue, Engine, OnText, QAConfig, RunBase, Step, SubQuestion, evidence_of, run_all
+from services.qa.chain import Chain, Section, line_objects
 from services.qa.search import SearchRoom
 from services.qa.stages import Stage, StageRecorder
 from services.qa.streaming import streamed
@@ -43,6 +47,8 @@ class _FastRun(SearchRoom):
         super().__init__(qa, query, config, recorder)
         self.parts: list[str] = []
         self.shown: list[Triplet] = []  # the memory the latest answer call read
+        self.headings: dict[int, str] = {}  # its chain layout's headings, by the line they come before
+        self.chain: Chain | None = None  # the first search's lines and what each is about (``chain_context``)
         self.stalled = False  # a round wrote no step to search (its call failed, or nothing new)
 
     async def execute(self, on_text: OnText | None) -> Answer:
@@ -56,7 +62,7 @@ class _FastRun(SearchRoom):
         found = await self._first_search(sq, first, retriever)
         sq.done.append(first)
         self.plan_history.append(sq.plan)
-        verdict = best = await self._answer_call(sq, found, on_text, first)
+        verdict = best = await self._first_answer(sq, found, on_text, first, retriever)
         first.answer = verdict.answer
         rounds = 0
         # an inference ("would she ...?") is not searched for: no line states it, and such rounds ended in "No Answer"
@@ -86,8 +92,11 @@ class _FastRun(SearchRoom):
         # what the last answer read, as it read it, then the round's findings (up to top-k): the earlier answers'
         # memory stays in view, and the model's cache of that prompt's start is reused
         seen = {t.id for t in self.shown}
-        memory = self.shown + [t for t in found if t.id not in seen][: self.config.filter_top_k]
-        return await self._answer_call(sq, memory, on_text, steps[-1])
+        new = [t for t in found if t.id not in seen][: self.config.filter_top_k]
+        headings = dict(self.headings)
+        if headings and new:
+            headings[len(self.shown)] = "Found by the search steps:"
+        return await self._answer_call(sq, self.shown + new, on_text, steps[-1], headings)
 
     async def _search_steps(self, sq: SubQuestion, steps: list[Step], retriever: Retriever) -> dict[str, list[Clue]]:
         """Stages 3-7 of every step at once: no call among them (entities from the plan, clue-queries substituted)."""
@@ -114,20 +123,91 @@ class _FastRun(SearchRoom):
             scope.vertices = len(seeds)
             scope.detail["clue_queries"] = [clue.text]
             scope.detail["reason"] = "first answer: the question itself, seeded by every match, no call"
-        await self.traverse(sq, step, clue, retriever)
-        return clue.triplets
+        if not self.config.chain_context:
+            await self.traverse(sq, step, clue, retriever)
+            return clue.triplets
+        # the whole budget is laid out, so a bridge line the filter ranks low still makes the cut
+        await self.traverse(sq, step, clue, retriever, top_k=max(self.config.budget, self.config.filter_top_k))
+        self.chain = Chain(self.query.question)
+        self.chain.add(clue.triplets, await line_objects(self.qa.graph, self.user_id, clue.triplets))
+        return [t for s in self.chain.sections(self.config.filter_top_k) for t in s.lines]
 
-    async def _answer_call(self, sq: SubQuestion, memory: list[Triplet], on_text: OnText | None, step: Step) -> Verdict:
-        """Stage 8 (the answer call, streamed) with the verdict it carries as stage 9."""
+    async def _first_answer(
+        self, sq: SubQuestion, found: list[Triplet], on_text: OnText | None, step: Step, retriever: Retriever
+    ) -> Verdict:
+        """The answer call on the first search's lines; with ``chain_context``, read along the question's chain
+        (``qa.chain``): the lines about what the question names first (one call, a short prompt), then, if that
+        answer is insufficient or names another thing, that thing's lines (searched for, no call) with what the
+        first call found (a second call). A 1.5B model given all the lines at once answered from the line nearest
+        the question's words (13 of 14 chained 2Wiki questions); given the named thing's lines alone it names the
+        bridge ("Nicki Minaj", for where the performer of a song was born), called sufficient all the same."""
+        chain = self.chain
+        laid = chain.sections(self.config.filter_top_k) if chain else []
+        if chain is None or len(laid) < 2 or laid[0].part != "named":
+            return await self._answer_call(sq, found, on_text, step, _headings(laid))
+        head = laid[0]
+        verdict = await self._answer_call(sq, head.lines, on_text, step, _headings([head]), read="the named")
+        if verdict.inference:
+            return verdict
+        follow = chain.named_by(verdict.answer or "")
+        if verdict.sufficient and not follow:
+            return verdict
+        if follow:
+            await self._follow(sq, step, retriever, chain, follow)
+        # the named thing's lines and the next link's, without the rest (lines that share the question's words
+        # only, which the model answered from); no next link: every line
+        laid = chain.sections(self.config.filter_top_k, follow=follow or None)
+        path = [s for s in laid if s.part != "rest"]
+        laid = path if len(path) > 1 else laid
+        lines = [t for s in laid for t in s.lines]
+        return await self._answer_call(
+            sq, lines, on_text, step, _headings(laid), found=verdict.answer or "", read="along the chain"
+        )
+
+    async def _follow(
+        self, sq: SubQuestion, step: Step, retriever: Retriever, chain: Chain, follow: dict[str, str]
+    ) -> None:
+        """Stages 5-7 for the things an answer named: one clue-query of their names, no call; its lines join the
+        chain."""
+        async with self.recorder.stage(Stage.CLUE_QUERIES, sub_question_id=sq.id, step_id=step.id) as scope:
+            clue = Clue(id=f"{step.id}.c2", text=", ".join(follow.values()), seeds=sorted(follow))
+            await self.embed_clues(step, [clue])
+            scope.vertices = len(follow)
+            scope.detail["clue_queries"] = [clue.text]
+            scope.detail["reason"] = "the first answer named them: their own lines, no call"
+        await self.traverse(sq, step, clue, retriever)
+        chain.add(clue.triplets, await line_objects(self.qa.graph, self.user_id, clue.triplets))
+
+    async def _answer_call(
+        self,
+        sq: SubQuestion,
+        memory: list[Triplet],
+        on_text: OnText | None,
+        step: Step,
+        headings: dict[int, str] | None = None,
+        *,
+        found: str = "",
+        read: str = "",
+    ) -> Verdict:
+        """Stage 8 (the answer call, streamed) with the verdict it carries as stage 9. ``headings``: the chain
+        layout's (default: the last call's); ``found``: what an earlier call on part of these lines answered;
+        ``read``: which lines of the chain this call reads (for its event)."""
         self.shown = memory
+        self.headings = self.headings if headings is None else headings
         ctx = {"sub_question_id": sq.id, "step_id": step.id}
         async with self.recorder.stage(Stage.SUMMARISE, **ctx) as scope:
             scope.triplets = len(memory)
             scope.detail["merged"] = ["sufficiency", "combine"]  # one call answers the question and judges it
+            if self.headings:
+                scope.detail["chain"] = [self.headings[i] for i in sorted(self.headings)]
+            if read:
+                scope.detail["read"] = read
             inputs = AnswerCheckInput(
                 question=self.query.question,
                 parts=self.parts,
                 memory=[t.context for t in memory],
+                headings=self.headings,
+                found=found,
                 as_of=self.query.as_of,
             )
             try:
@@ -246,3 +326,14 @@ def _interleave(groups: list[list[Triplet]]) -> list[Triplet]:
             if rank < len(group) and group[rank].id not in out:
                 out[group[rank].id] = group[rank]
     return list(out.values())
+
+
+def _headings(laid: list[Section]) -> dict[int, str]:
+    """The headings of laid-out lines, by the index of the line each comes before."""
+    out: dict[int, str] = {}
+    at = 0
+    for section in laid:
+        if section.heading:
+            out[at] = section.heading
+        at += len(section.lines)
+    return out

@@ -190,8 +190,10 @@ class SearchRoom(RunBase):
         for clue in clues:
             clue.vector = embedded[clue.text]
 
-    async def traverse(self, sq: SubQuestion, step: Step, clue: Clue, retriever: Retriever) -> None:
-        """Stages 6 and 7 for one clue-query."""
+    async def traverse(
+        self, sq: SubQuestion, step: Step, clue: Clue, retriever: Retriever, top_k: int | None = None
+    ) -> None:
+        """Stages 6 and 7 for one clue-query; ``top_k``: kept by the filter (default ``filter_top_k``)."""
         ctx = {"sub_question_id": sq.id, "step_id": step.id, "clue_query_id": clue.id}
         async with self.recorder.stage(Stage.TRAVERSAL, **ctx) as scope:
             kinds = {VertexKind.OBJECT, VertexKind.THESIS}
@@ -220,7 +222,7 @@ class SearchRoom(RunBase):
                 scope.status = StageStatus.EMPTY
 
         async with self.recorder.stage(Stage.FILTER, **ctx) as scope:
-            clue.triplets = await self._filter(retrieved, step.vector, clue.vector)
+            clue.triplets = await self._filter(retrieved, step.vector, clue.vector, top_k or self.config.filter_top_k)
             scope.triplets = len(clue.triplets)
             scope.detail["retrieved"] = len(retrieved)
             if not clue.triplets:
@@ -251,7 +253,11 @@ class SearchRoom(RunBase):
     # -- stage 7 ----------------------------------------------------------------------------------------------
 
     async def _filter(
-        self, triplets: Sequence[Triplet], step_vector: list[float] | None, clue_vector: list[float] | None
+        self,
+        triplets: Sequence[Triplet],
+        step_vector: list[float] | None,
+        clue_vector: list[float] | None,
+        top_k: int,
     ) -> list[Triplet]:
         """Keep the triplets of this user that held at ``as_of``, without episodic text unless asked, unique by
         id and by text, ranked by cosine to the step (or the clue-query), above the threshold, top-k."""
@@ -281,7 +287,7 @@ class SearchRoom(RunBase):
         scores = best_cosines([vectors[t.id] for t in candidates], targets)
         scored = [(s, t) for s, t in zip(scores, candidates, strict=True) if s >= self.config.filter_threshold]
         scored.sort(key=lambda pair: pair[0], reverse=True)
-        return [t for _, t in scored[: self.config.filter_top_k]]
+        return [t for _, t in scored[:top_k]]
 
     async def _triplet_vectors(self, triplets: list[Triplet]) -> dict[str, list[float]]:
         """Stored vectors where the index has them (relation triplets by edge id, others by their end vertex),

@@ -50,6 +50,10 @@ class AnswerCheckInput(BaseModel):
     question: str
     parts: list[str] = Field(default_factory=list, description="the question's parts, when it has several")
     memory: list[str]
+    headings: dict[int, str] = Field(
+        default_factory=dict, description="a heading shown before the memory line of that index (the chain layout)"
+    )
+    found: str = Field(default="", description="what an answer call on part of these lines found (the chain's start)")
     as_of: datetime | None = None
 
 
@@ -66,6 +70,17 @@ class Verdict(BaseModel):
     sufficient: bool
     missing: str = ""
     inference: bool = False  # the question asks for an inference: no round would find a line that states it
+
+
+def _laid_out(inputs: AnswerCheckInput) -> str:
+    if not inputs.headings or not inputs.memory:
+        return memory_block(inputs.memory)
+    rows: list[str] = []
+    for i, line in enumerate(inputs.memory):
+        if i in inputs.headings:
+            rows.append(inputs.headings[i])
+        rows.append(f"- {line}")
+    return "\n".join(rows)
 
 
 class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
@@ -104,7 +119,10 @@ class AnswerCheckTask(PromptTask[AnswerCheckOutput, Verdict]):
         parts = "".join(f"\nPart: {p}" for p in inputs.parts) if len(inputs.parts) > 1 else ""
         when = f"\nAnswer as of {inputs.as_of.date().isoformat()}." if inputs.as_of else ""
         hint = f"\n{INFER_HINT}" if self.inference(inputs.question) else ""
-        return f"Memory:\n{memory_block(inputs.memory)}\nQuestion: {inputs.question}{parts}{when}{hint}"
+        if inputs.found:
+            # the chain's first link, read from the named thing's lines: the rest of the chain starts from it
+            parts = f"\nFound so far: {inputs.found}{parts}"
+        return f"Memory:\n{_laid_out(inputs)}\nQuestion: {inputs.question}{parts}{when}{hint}"
 
     def postprocess(self, output: AnswerCheckOutput, inputs: AnswerCheckInput) -> Verdict:
         answer: str | None = output.answer.strip()
