@@ -54,13 +54,14 @@ async def run_worker(
     await wait_for_kafka(servers, settings=settings)
     await ensure_topics(settings, servers)
     services = await build_services(settings, llm)
-    if isinstance(services.embedder, BlockingEmbedder):
-        # an in-process embedder loaded (a static table distilled, the first time) before events are taken, not
-        # inside the first batch; a served one (Ollama) keeps its own outage handling
-        await services.embedder.embed(["warm up"])
-    cancels = Cancellations()
-    cancel_feed = CancelFeed(servers, TopicNames.from_settings(settings).query_control, cancels, settings)
-    try:
+    cancel_feed: CancelFeed | None = None
+    try:  # from here on, whatever fails closes the stores the services opened
+        if isinstance(services.embedder, BlockingEmbedder):
+            # an in-process embedder loaded (a static table distilled, the first time) before events are taken,
+            # not inside the first batch; a served one (Ollama) keeps its own outage handling
+            await services.embedder.embed(["warm up"])
+        cancels = Cancellations()
+        cancel_feed = CancelFeed(servers, TopicNames.from_settings(settings).query_control, cancels, settings)
         await cancel_feed.start()
         app = create_app(settings, servers, services, web_port, cancels)
         if stop is None:
@@ -84,6 +85,7 @@ async def run_worker(
             except TimeoutError:
                 log.warning("worker_stop_timeout", timeout_s=STOP_TIMEOUT_S)
     finally:
-        await cancel_feed.stop()
+        if cancel_feed is not None:
+            await cancel_feed.stop()
         await services.close()
         log.info("worker_stopped")
