@@ -221,3 +221,20 @@ def _relation(s: str, r: str, o: str) -> Triplet:
         id=f"{s}-{r}-{o}", user_id=USER, kind=EdgeKind.RELATION, source=a.id, target=b.id, relation=r, t_valid=T0
     )
     return Triplet(start=a, edge=edge, end=b)
+
+
+async def test_an_inference_reads_the_lines_as_without_the_chain(
+    films: SqliteMemoryStore,  # noqa: F811
+    embedder: MiniLMEmbedder,  # noqa: F811
+) -> None:
+    """A "would ..." question follows no link: one call on the lines in the retrieval's order, as with it off."""
+    question = "Would the director of Payment On Demand like Seuss books?"
+
+    async def prompt(**options: Any) -> str:
+        llm = ScriptedLLM({"answer_check": lambda r: says("Likely yes, since Curtis Bernhardt director.")})
+        fast = make_fast(films, embedder, llm, retriever="flat")
+        answer = await fast.answer(query(question, **options), Events())
+        assert answer.llm_calls == 1
+        return last(llm.calls[0])
+
+    assert await prompt(chain_context=True) == await prompt()

@@ -142,6 +142,10 @@ class _FastRun(SearchRoom):
         the question's words (13 of 14 chained 2Wiki questions); given the named thing's lines alone it names the
         bridge ("Nicki Minaj", for where the performer of a song was born), called sufficient all the same."""
         chain = self.chain
+        if chain is not None and AnswerCheckTask(infer=self.config.infer_answers).inference(self.query.question):
+            # an inference ("Would she ...?") follows no link: it reads the lines as the one call does without the
+            # chain (on LoCoMo, read from the named lines first, one came back "No Answer" where that call inferred)
+            return await self._answer_call(sq, chain.lines[: self.config.filter_top_k], on_text, step, {})
         laid = chain.sections(self.config.filter_top_k) if chain else []
         if chain is None or len(laid) < 2 or laid[0].part != "named":
             return await self._answer_call(sq, found, on_text, step, _headings(laid))
