@@ -293,8 +293,10 @@ class Settings(BaseSettings):
         default=False,
         description="fast engine's rounds: a name matched exactly is also replaced by its near matches in clue-queries",
     )
+    # on: 2Wiki (seed 1, 26 questions) 6 (+2) right against 4, 18.5 s a question against 43.2; LoCoMo (29
+    # questions) the same answers by our reading, 18.2 s against 19.1 (docs/evaluation.md, 7 December)
     qa_chain_context: bool = Field(
-        default=False,
+        default=True,
         description="fast engine: the first answer's lines grouped along the question's chain (its names' lines, "
         "then the lines of what those name, then the rest), by the graph, no call",
     )

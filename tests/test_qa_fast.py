@@ -116,7 +116,13 @@ def make_fast(store: SqliteMemoryStore, embedder: MiniLMEmbedder, llm: LLM, **co
         return get_retriever(name, store, store, embedder)
 
     # one hop from the matched seeds: the first retrieval reaches the directors, never their countries
-    walk: dict[str, Any] = {"retriever": "beamsearch", "episodic_context": False, "matches_per_entity": 1}
+    # the chain's reading has its own tests (test_qa_chain): these pin the first answer's one call and the round
+    walk: dict[str, Any] = {
+        "retriever": "beamsearch",
+        "episodic_context": False,
+        "matches_per_entity": 1,
+        "chain_context": False,
+    }
     return FastQA(store, store, embedder, llm, retrievers, QAConfig(**(walk | config)))
 
 

@@ -5,13 +5,12 @@ as the one clue-query seeded by every match (5), one traversal and filter (6-7),
 whether the memory sufficed (8, 9 and 13 merged). Only when it did not, a planning round: one call decomposes the
 question, plans the search steps with the names each mentions and writes them with what the first answer found and
 missed (1, 2, 3 and 10 merged); each step is searched without a call (4-7, clue-queries by substitution); one more
-answer call reads everything found. With ``chain_context`` the first answer reads along the question's chain
+answer call reads everything found. With ``chain_context`` (on by default) the first answer reads along the chain
 (``qa.chain``): the named thing's lines first, then, when that answer is insufficient or names another thing, that
 thing's lines (searched without a call) with what was found: 1 or 2 calls. A question that asks for an inference
 ("Would she ...?") gets no round: its first answer is the inference (see ``AnswerCheckTask``). ``max_rounds`` bounds
 the rounds: 1 + 2 x rounds calls at most (3 by default; one more reading along the chain), a retried invalid output
-apart. Every stage still emits its event; a merged or skipped one
-says so in its detail.
+apart. Every stage still emits its event; a merged or skipped one says so in its detail.
 """
 
 from __future__ import annotations
