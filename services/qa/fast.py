@@ -129,7 +129,7 @@ class _FastRun(SearchRoom):
         await self.traverse(sq, step, clue, retriever, top_k=max(self.config.budget, self.config.filter_top_k))
         self.chain = Chain(self.query.question)
         self.chain.add(clue.triplets, await line_objects(self.qa.graph, self.user_id, clue.triplets))
-        return [t for s in self.chain.sections(self.config.filter_top_k) for t in s.lines]
+        return clue.triplets  # the whole pool: ``_first_answer`` lays it out
 
     async def _first_answer(
         self, sq: SubQuestion, found: list[Triplet], on_text: OnText | None, step: Step, retriever: Retriever
@@ -145,9 +145,11 @@ class _FastRun(SearchRoom):
             # an inference ("Would she ...?") follows no link: it reads the lines as the one call does without the
             # chain (on LoCoMo, read from the named lines first, one came back "No Answer" where that call inferred)
             return await self._answer_call(sq, chain.lines[: self.config.filter_top_k], on_text, step, {})
-        laid = chain.sections(self.config.filter_top_k) if chain else []
-        if chain is None or len(laid) < 2 or laid[0].part != "named":
-            return await self._answer_call(sq, found, on_text, step, _headings(laid))
+        if chain is None:
+            return await self._answer_call(sq, found, on_text, step, {})
+        laid = chain.sections(self.config.filter_top_k)
+        if len(laid) < 2 or laid[0].part != "named":
+            return await self._answer_call(sq, [t for s in laid for t in s.lines], on_text, step, _headings(laid))
         head = laid[0]
         verdict = await self._answer_call(sq, head.lines, on_text, step, _headings([head]), read="the named")
         if verdict.inference:
