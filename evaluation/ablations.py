@@ -27,6 +27,7 @@ SWITCHES = {
     "inference": "infer_answers",
     "near_matches": "near_match_clues",
     "chain": "chain_context",
+    "first_link": "first_link",
 }
 #: ``NAME=N``: its counts
 COUNTS = {"clues": "max_clue_queries", "steps": "max_steps", "top_k": "filter_top_k", "rounds": "max_rounds"}

@@ -148,6 +148,11 @@ class QueryOptions(BaseModel):
         description="fast engine: the first answer's lines grouped along the question's chain "
         "(MEMSTREAM_QA_CHAIN_CONTEXT)",
     )
+    first_link: bool | None = Field(
+        default=None,
+        description="fast engine with the chain: the question's first link asked on its own, the rest of the link's "
+        "answer (MEMSTREAM_QA_FIRST_LINK)",
+    )
     max_clue_queries: int | None = Field(default=None, ge=1, le=8)
     max_steps: int | None = Field(default=None, ge=1, le=12)
     episodic_context: bool | None = None

@@ -300,6 +300,12 @@ class Settings(BaseSettings):
         description="fast engine: the first answer's lines grouped along the question's chain (its names' lines, "
         "then the lines of what those name, then the rest), by the graph, no call",
     )
+    # measured off against on in one run: docs/evaluation.md, "the question's first link asked on its own"
+    qa_first_link: bool = Field(
+        default=False,
+        description='fast engine with the chain: a question\'s first link ("the director of film X") asked on its '
+        "own, found from its words without a call, and the rest asked of the link's answer",
+    )
     log_level: str = "INFO"
     log_json: bool | None = Field(default=None, description="None: JSON unless stderr is a terminal")
 

@@ -71,6 +71,10 @@ class QAConfig(BaseModel):
         default=Settings.model_fields["qa_chain_context"].default,
         description="fast engine: the first answer's lines laid out along the question's chain (``qa.chain``)",
     )
+    first_link: bool = Field(
+        default=Settings.model_fields["qa_first_link"].default,
+        description="fast engine with the chain: the question's first link asked on its own (``qa.hops``)",
+    )
     budget: int = Field(default=20, ge=1, description="triplets per traversal")
     task_attempts: int = Field(default=3, ge=1, description="tries per LLM task on invalid output")
     max_sub_questions: int = Field(default=4, ge=1, le=8)
@@ -100,6 +104,7 @@ class QAConfig(BaseModel):
             "near_match_clues": settings.qa_near_match_clues,
             "max_rounds": settings.qa_max_rounds,
             "chain_context": settings.qa_chain_context,
+            "first_link": settings.qa_first_link,
         }
         return cls(**(base | overrides))
 

@@ -72,13 +72,17 @@ class Names:
         self.one_word = {v for v, n in known.items() if " " not in n}
 
     def said(self, text: str) -> set[str]:
+        return {v for _, _, v in self.spans(text)}
+
+    def spans(self, text: str) -> list[tuple[int, int, str]]:
+        """Where each known name is said in ``text``: (start, end, vertex id), a name inside a longer one left out."""
         spans: list[tuple[int, int, str]] = []
         for v, pattern in self.patterns.items():
             for m in pattern.finditer(text):
                 if v in self.one_word and _opens_sentence(text, m.start()):
                     continue
                 spans.append((m.start(), m.end(), v))
-        return {v for a, b, v in spans if not any(x <= a and b <= y and (y - x) > (b - a) for x, y, _ in spans)}
+        return [(a, b, v) for a, b, v in spans if not any(x <= a and b <= y and (y - x) > (b - a) for x, y, _ in spans)]
 
 
 def _opens_sentence(text: str, at: int) -> bool:
@@ -111,8 +115,13 @@ class Chain:
         self.asked = self.names.said(self.question)
 
     def named_by(self, text: str) -> dict[str, str]:
-        """The known things ``text`` (an answer) names, but for those the question names: id -> name."""
-        return {v: self.known[v] for v in self.names.said(text) - self.asked}
+        """The known things ``text`` (an answer) names, but for those the question names, in the order said: id ->
+        name."""
+        return {v: self.known[v] for _, _, v in sorted(self.names.spans(text)) if v not in self.asked}
+
+    def asked_spans(self) -> list[tuple[int, int]]:
+        """Where the question says the known things it names."""
+        return [(a, b) for a, b, _ in self.names.spans(self.question)]
 
     def sections(self, limit: int, follow: Collection[str] | None = None) -> list[Section]:
         """The lines in up to three groups, ``limit`` lines in all: those about a thing the question names, those

@@ -20,6 +20,7 @@ from services.domain import Triplet
 from services.llm.task import TaskFailed
 from services.qa.base import NO_ANSWER, Clue, Engine, OnText, QAConfig, RunBase, Step, SubQuestion, evidence_of, run_all
 from services.qa.chain import Chain, Section, line_objects
+from services.qa.hops import Hop, split
 from services.qa.search import SearchRoom
 from services.qa.stages import Stage, StageRecorder
 from services.qa.streaming import streamed
@@ -151,6 +152,10 @@ class _FastRun(SearchRoom):
         if len(laid) < 2 or laid[0].part != "named":
             return await self._answer_call(sq, [t for s in laid for t in s.lines], on_text, step, _headings(laid))
         head = laid[0]
+        if self.config.first_link and (hop := split(self.query.question, chain.asked_spans())) is not None:
+            linked = await self._first_link(sq, hop, head, on_text, step, retriever)
+            if linked is not None:
+                return linked
         verdict = await self._answer_call(sq, head.lines, on_text, step, _headings([head]), read="the named")
         if verdict.inference:
             return verdict
@@ -167,6 +172,38 @@ class _FastRun(SearchRoom):
         lines = [t for s in laid for t in s.lines]
         return await self._answer_call(
             sq, lines, on_text, step, _headings(laid), found=verdict.answer or "", read="along the chain"
+        )
+
+    async def _first_link(
+        self, sq: SubQuestion, hop: Hop, head: Section, on_text: OnText | None, step: Step, retriever: Retriever
+    ) -> Verdict | None:
+        """The question's first link asked on its own of the named thing's lines (one call: "Who or what is the
+        father of X?"), then the rest of the question asked of what it names ("Where was <the father> born?"), read
+        from that thing's own lines, searched for by its name (no call). None when the link's answer names no known
+        thing: the chain is read as without the link. On 2Wiki the 1.5B model, given the son's lines and the whole
+        question, answered with the son's own birthplace, and named nothing to follow."""
+        chain = self.chain
+        assert chain is not None
+        link = await self._answer_call(
+            sq, head.lines, on_text, step, _headings([head]), question=hop.ask, read="the first link"
+        )
+        follow = chain.named_by(link.answer or "")
+        if not follow:
+            return None
+        await self._follow(sq, step, retriever, chain, follow)
+        laid = [s for s in chain.sections(self.config.filter_top_k, follow=follow) if s.part == "bridge"]
+        if not laid:
+            return None
+        name = next(iter(follow.values()))  # the first said: ``named_by`` keeps the answer's order
+        return await self._answer_call(
+            sq,
+            [t for s in laid for t in s.lines],
+            on_text,
+            step,
+            _headings(laid),
+            question=hop.then(name),
+            found=f"{hop.span}: {link.answer}",
+            read="the rest, of the first link's answer",
         )
 
     async def _follow(
@@ -193,10 +230,12 @@ class _FastRun(SearchRoom):
         *,
         found: str = "",
         read: str = "",
+        question: str = "",
     ) -> Verdict:
         """Stage 8 (the answer call, streamed) with the verdict it carries as stage 9. ``headings``: the chain
         layout's (default: the last call's); ``found``: what an earlier call on part of these lines answered;
-        ``read``: which lines of the chain this call reads (for its event)."""
+        ``read``: which lines of the chain this call reads (for its event); ``question``: what this call asks, when
+        not the question itself (a part of it: ``qa.hops``)."""
         self.shown = memory
         self.headings = self.headings if headings is None else headings
         ctx = {"sub_question_id": sq.id, "step_id": step.id}
@@ -207,8 +246,10 @@ class _FastRun(SearchRoom):
                 scope.detail["chain"] = [self.headings[i] for i in sorted(self.headings)]
             if read:
                 scope.detail["read"] = read
+            if question:
+                scope.detail["asked"] = question
             inputs = AnswerCheckInput(
-                question=self.query.question,
+                question=question or self.query.question,
                 parts=self.parts,
                 memory=[t.context for t in memory],
                 headings=self.headings,
