@@ -116,12 +116,14 @@ def make_fast(store: SqliteMemoryStore, embedder: MiniLMEmbedder, llm: LLM, **co
         return get_retriever(name, store, store, embedder)
 
     # one hop from the matched seeds: the first retrieval reaches the directors, never their countries
-    # the chain's reading has its own tests (test_qa_chain): these pin the first answer's one call and the round
+    # the chain's reading and the first link have their own tests (test_qa_chain, test_qa_hops): these pin the
+    # first answer's one call and the round
     walk: dict[str, Any] = {
         "retriever": "beamsearch",
         "episodic_context": False,
         "matches_per_entity": 1,
         "chain_context": False,
+        "first_link": False,
     }
     return FastQA(store, store, embedder, llm, retrievers, QAConfig(**(walk | config)))
 

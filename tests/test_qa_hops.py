@@ -12,7 +12,8 @@ from services.adapters.minilm import MiniLMEmbedder
 from services.adapters.sqlite import SqliteMemoryStore
 from services.qa.hops import split
 from tests.test_qa_chain import ask, memory_rows, says
-from tests.test_qa_fast import embedder, films  # noqa: F401 (the fixtures)
+from tests.test_qa_fast import StreamingLLM, embedder, films, make_fast  # noqa: F401 (the fixtures)
+from tests.test_qa_pipeline import query
 
 
 def spans(question: str, *names: str) -> list[tuple[int, int]]:
@@ -114,9 +115,40 @@ async def test_a_link_naming_nothing_known_reads_the_chain_as_without_it(
     assert answer == "Germany"
 
 
-async def test_off_by_default_the_question_is_asked_whole(
+async def test_off_the_question_is_asked_whole(
     films: SqliteMemoryStore,  # noqa: F811
     embedder: MiniLMEmbedder,  # noqa: F811
 ) -> None:
-    prompts, _, _ = await ask(films, embedder, [says("A director.")], chain_context=True)
+    prompts, _, _ = await ask(films, embedder, [says("A director.")], chain_context=True, first_link=False)
     assert f"Question: {QUESTION}" in prompts[0].splitlines()
+
+
+async def test_the_links_answer_is_not_streamed_as_the_answer(
+    films: SqliteMemoryStore,  # noqa: F811
+    embedder: MiniLMEmbedder,  # noqa: F811
+) -> None:
+    said = iter([says("Curtis Bernhardt"), says("Germany")])
+    llm = StreamingLLM({"answer_check": lambda r: next(said)})
+    shown: list[str] = []
+    fast = make_fast(films, embedder, llm, retriever="flat", chain_context=True, first_link=True)
+    answer = await fast.answer(query(QUESTION), on_text=shown.append)
+    assert len(llm.calls) == 2 and answer.answer == "Germany"
+    assert shown and all("Germany".startswith(text) for text in shown)  # never "Curtis Bernhardt": a part's answer
+
+
+async def test_the_linked_things_lines_have_a_top_k_of_their_own(
+    films: SqliteMemoryStore,  # noqa: F811
+    embedder: MiniLMEmbedder,  # noqa: F811
+) -> None:
+    # a top-k of 3: the film's two lines and one more laid out first; the director's two lines are read, not one
+    prompts, _, answer = await ask(
+        films, embedder, [says("Curtis Bernhardt"), says("Germany")], chain_context=True, first_link=True,
+        filter_top_k=3,
+    )  # fmt: skip
+    assert len([r for r in memory_rows(prompts[0]) if r.startswith("- ")]) == 2
+    assert memory_rows(prompts[1]) == [
+        "About Curtis Bernhardt (named above):",
+        "- Curtis Bernhardt country of citizenship Germany",
+        "- Curtis Bernhardt place of birth Worms",
+    ]
+    assert answer == "Germany"

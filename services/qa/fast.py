@@ -7,13 +7,18 @@ question, plans the search steps with the names each mentions and writes them wi
 missed (1, 2, 3 and 10 merged); each step is searched without a call (4-7, clue-queries by substitution); one more
 answer call reads everything found. With ``chain_context`` (on by default) the first answer reads along the chain
 (``qa.chain``): the named thing's lines first, then, when that answer is insufficient or names another thing, that
-thing's lines (searched without a call) with what was found: 1 or 2 calls. A question that asks for an inference
-("Would she ...?") gets no round: its first answer is the inference (see ``AnswerCheckTask``). ``max_rounds`` bounds
-the rounds: 1 + 2 x rounds calls at most (3 by default; one more reading along the chain), a retried invalid output
-apart. Every stage still emits its event; a merged or skipped one says so in its detail.
+thing's lines (searched without a call) with what was found: 1 or 2 calls. With ``first_link`` too, a question whose
+words give its first link ("the father of X", ``qa.hops``) asks that link on its own of the named thing's lines, then
+the rest of the question of the thing it names, from that thing's lines: 2 calls (3 when the link names no known
+thing and the chain is read as without it). A question that asks for an inference ("Would she ...?") gets no round:
+its first answer is the inference (see ``AnswerCheckTask``). ``max_rounds`` bounds the rounds: 1 + 2 x rounds calls
+at most (3 by default; one more reading along the chain, two when a first link asked on its own named nothing known),
+a retried invalid output apart. Every stage still emits its event; a merged or skipped one says so in its detail.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from schemas.events import Answer, AnswerStatus, Query, StageStatus
 from services.domain import Triplet
@@ -184,23 +189,26 @@ class _FastRun(SearchRoom):
         question, answered with the son's own birthplace, and named nothing to follow."""
         chain = self.chain
         assert chain is not None
+        # not streamed: it answers a part of the question, not the question (the trace's stage event shows it)
         link = await self._answer_call(
-            sq, head.lines, on_text, step, _headings([head]), question=hop.ask, read="the first link"
+            sq, head.lines, None, step, _headings([head]), question=hop.ask, read="the first link"
         )
         follow = chain.named_by(link.answer or "")
         if not follow:
             return None
         await self._follow(sq, step, retriever, chain, follow)
-        laid = [s for s in chain.sections(self.config.filter_top_k, follow=follow) if s.part == "bridge"]
-        if not laid:
+        # the linked thing's lines alone, up to top-k of their own (the named thing's lines have had their call)
+        bridge = next((s for s in chain.sections(len(chain.lines), follow=follow) if s.part == "bridge"), None)
+        if bridge is None:
             return None
+        bridge = replace(bridge, lines=bridge.lines[: self.config.filter_top_k])
         name = next(iter(follow.values()))  # the first said: ``named_by`` keeps the answer's order
         return await self._answer_call(
             sq,
-            [t for s in laid for t in s.lines],
+            bridge.lines,
             on_text,
             step,
-            _headings(laid),
+            _headings([bridge]),
             question=hop.then(name),
             found=f"{hop.span}: {link.answer}",
             read="the rest, of the first link's answer",
