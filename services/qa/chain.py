@@ -100,6 +100,7 @@ class Chain:
         self.linked: dict[str, dict[str, str]] = {}
         self.names = Names({})
         self.asked: set[str] = set()
+        self.asked_at: list[tuple[int, int]] = []  # where the question says them (``qa.hops`` cuts there)
         self.said: dict[str, set[str]] = {}  # line id -> the known things its text names
         self.about: dict[str, set[str]] = {}  # line id -> those and its linked ones
 
@@ -112,16 +113,14 @@ class Chain:
         self.names = Names(self.known)
         self.said = {t.id: self.names.said(t.context) for t in self.lines}
         self.about = {t.id: self.said[t.id] | self.linked[t.id].keys() for t in self.lines}
-        self.asked = self.names.said(self.question)
+        spans = self.names.spans(self.question)
+        self.asked = {v for _, _, v in spans}
+        self.asked_at = [(a, b) for a, b, _ in spans]
 
     def named_by(self, text: str) -> dict[str, str]:
         """The known things ``text`` (an answer) names, but for those the question names, in the order said: id ->
         name."""
         return {v: self.known[v] for _, _, v in sorted(self.names.spans(text)) if v not in self.asked}
-
-    def asked_spans(self) -> list[tuple[int, int]]:
-        """Where the question says the known things it names."""
-        return [(a, b) for a, b, _ in self.names.spans(self.question)]
 
     def sections(self, limit: int, follow: Collection[str] | None = None) -> list[Section]:
         """The lines in up to three groups, ``limit`` lines in all: those about a thing the question names, those

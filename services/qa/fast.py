@@ -157,8 +157,8 @@ class _FastRun(SearchRoom):
         if len(laid) < 2 or laid[0].part != "named":
             return await self._answer_call(sq, [t for s in laid for t in s.lines], on_text, step, _headings(laid))
         head = laid[0]
-        if self.config.first_link and (hop := split(self.query.question, chain.asked_spans())) is not None:
-            linked = await self._first_link(sq, hop, head, on_text, step, retriever)
+        if self.config.first_link and (hop := split(self.query.question, chain.asked_at)) is not None:
+            linked = await self._first_link(sq, chain, hop, head, on_text, step, retriever)
             if linked is not None:
                 return linked
         verdict = await self._answer_call(sq, head.lines, on_text, step, _headings([head]), read="the named")
@@ -180,15 +180,20 @@ class _FastRun(SearchRoom):
         )
 
     async def _first_link(
-        self, sq: SubQuestion, hop: Hop, head: Section, on_text: OnText | None, step: Step, retriever: Retriever
+        self,
+        sq: SubQuestion,
+        chain: Chain,
+        hop: Hop,
+        head: Section,
+        on_text: OnText | None,
+        step: Step,
+        retriever: Retriever,
     ) -> Verdict | None:
         """The question's first link asked on its own of the named thing's lines (one call: "Who or what is the
         father of X?"), then the rest of the question asked of what it names ("Where was <the father> born?"), read
         from that thing's own lines, searched for by its name (no call). None when the link's answer names no known
         thing: the chain is read as without the link. On 2Wiki the 1.5B model, given the son's lines and the whole
         question, answered with the son's own birthplace, and named nothing to follow."""
-        chain = self.chain
-        assert chain is not None
         # not streamed: it answers a part of the question, not the question (the trace's stage event shows it)
         link = await self._answer_call(
             sq, head.lines, None, step, _headings([head]), question=hop.ask, read="the first link"
